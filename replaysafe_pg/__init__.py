@@ -1,0 +1,46 @@
+"""replaysafe_pg: replay-safe side effects for AI agents, enforced in Postgres."""
+
+from replaysafe_pg.errors import (
+    AccessDenied,
+    FingerprintConflict,
+    InvalidArgument,
+    InvalidTransition,
+    LeaseLost,
+    ReplaysafeError,
+    SchemaNotInstalled,
+    StaleStateError,
+)
+from replaysafe_pg.ledger import AsyncLedger, Ledger
+from replaysafe_pg.models import (
+    Action,
+    ActionState,
+    Attempt,
+    Claim,
+    ClaimOutcome,
+    ReportOutcome,
+)
+from replaysafe_pg.schema import current_revision, downgrade, migrate
+
+__all__ = [
+    "AccessDenied",
+    "Action",
+    "ActionState",
+    "AsyncLedger",
+    "Attempt",
+    "Claim",
+    "ClaimOutcome",
+    "FingerprintConflict",
+    "InvalidArgument",
+    "InvalidTransition",
+    "LeaseLost",
+    "Ledger",
+    "ReplaysafeError",
+    "ReportOutcome",
+    "SchemaNotInstalled",
+    "StaleStateError",
+    "current_revision",
+    "downgrade",
+    "migrate",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,145 @@
+"""Where the driver gets its connections: a DSN, a psycopg connection, or a pool.
+
+Every call is one round trip on an autocommit connection. A caller's own non-autocommit
+connection is respected: inside the caller's transaction the call joins it; on an idle
+connection it runs in a transaction of its own, committed at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import AsyncIterator, Iterator
+from typing import Any, LiteralString, TypeAlias
+
+import psycopg
+from psycopg.pq import TransactionStatus
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+from replaysafe_pg.errors import wrap_errors
+
+Conninfo: TypeAlias = "str | psycopg.Connection[Any] | ConnectionPool[Any]"
+AsyncConninfo: TypeAlias = "str | psycopg.AsyncConnection[Any] | AsyncConnectionPool[Any]"
+
+
+def _usable(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any] | None) -> bool:
+    return conn is not None and not conn.closed and not conn.broken
+
+
+class SyncSource:
+    def __init__(self, conninfo: Conninfo) -> None:
+        self.dsn: str | None = conninfo if isinstance(conninfo, str) else None
+        self._pool = conninfo if isinstance(conninfo, ConnectionPool) else None
+        self._given = conninfo if isinstance(conninfo, psycopg.Connection) else None
+        if self.dsn is None and self._pool is None and self._given is None:
+            raise TypeError("expected a DSN, a psycopg Connection or a psycopg_pool ConnectionPool")
+        self._own: psycopg.Connection[Any] | None = None
+        self._lock = threading.Lock()
+
+    def connect(self) -> psycopg.Connection[Any]:
+        assert self.dsn is not None
+        return psycopg.connect(self.dsn, autocommit=True)
+
+    @contextlib.contextmanager
+    def dedicated(self) -> Iterator[psycopg.Connection[Any]]:
+        """A connection for one long task (LISTEN, heartbeats): new from a DSN, borrowed
+        from a pool, or, given a single connection, that connection itself."""
+        if self.dsn is not None:
+            with self.connect() as conn:
+                yield conn
+        elif self._pool is not None:
+            with self._pool.connection() as conn:
+                yield conn
+        else:
+            assert self._given is not None
+            yield self._given
+
+    @contextlib.contextmanager
+    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+        if self._pool is not None:
+            with self._pool.connection() as conn:
+                yield conn
+            return
+        if self._given is not None:
+            yield self._given
+            return
+        with self._lock:
+            if not _usable(self._own):
+                self._own = self.connect()
+            conn = self._own
+        assert conn is not None
+        yield conn
+
+    def execute(self, query: LiteralString, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        with wrap_errors(), self.connection() as conn:
+            if conn.autocommit or conn.info.transaction_status != TransactionStatus.IDLE:
+                return conn.execute(query, params).fetchall()
+            with conn.transaction():
+                return conn.execute(query, params).fetchall()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._own is not None:
+                self._own.close()
+                self._own = None
+
+
+class AsyncSource:
+    def __init__(self, conninfo: AsyncConninfo) -> None:
+        self.dsn: str | None = conninfo if isinstance(conninfo, str) else None
+        self._pool = conninfo if isinstance(conninfo, AsyncConnectionPool) else None
+        self._given = conninfo if isinstance(conninfo, psycopg.AsyncConnection) else None
+        if self.dsn is None and self._pool is None and self._given is None:
+            raise TypeError(
+                "expected a DSN, a psycopg AsyncConnection or a psycopg_pool AsyncConnectionPool")
+        self._own: psycopg.AsyncConnection[Any] | None = None
+        self._lock: asyncio.Lock | None = None
+
+    async def connect(self) -> psycopg.AsyncConnection[Any]:
+        assert self.dsn is not None
+        return await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
+
+    @contextlib.asynccontextmanager
+    async def dedicated(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """See :meth:`SyncSource.dedicated`."""
+        if self.dsn is not None:
+            async with await self.connect() as conn:
+                yield conn
+        elif self._pool is not None:
+            async with self._pool.connection() as conn:
+                yield conn
+        else:
+            assert self._given is not None
+            yield self._given
+
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        if self._pool is not None:
+            async with self._pool.connection() as conn:
+                yield conn
+            return
+        if self._given is not None:
+            yield self._given
+            return
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if not _usable(self._own):
+                self._own = await self.connect()
+            conn = self._own
+        assert conn is not None
+        yield conn
+
+    async def execute(self, query: LiteralString, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        with wrap_errors():
+            async with self.connection() as conn:
+                if conn.autocommit or conn.info.transaction_status != TransactionStatus.IDLE:
+                    return await (await conn.execute(query, params)).fetchall()
+                async with conn.transaction():
+                    return await (await conn.execute(query, params)).fetchall()
+
+    async def close(self) -> None:
+        if self._own is not None:
+            await self._own.close()
+            self._own = None

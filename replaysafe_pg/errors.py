@@ -1,0 +1,121 @@
+"""Domain exceptions and the one place that turns database errors into them.
+
+Every deliberate error raised by the ``replaysafe`` SQL functions carries its own SQLSTATE
+of class RS; :func:`wrap_errors` maps it to exactly one exception class.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+from psycopg import errors as pg_errors
+
+
+class ReplaysafeError(Exception):
+    """Base class of every replaysafe_pg error."""
+
+    sqlstate: str | None = None
+
+    def __init__(self, message: str, *, detail: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.detail = detail
+
+
+class FingerprintConflict(ReplaysafeError):
+    """RS001: the action key exists with a different operation or request."""
+
+    sqlstate = "RS001"
+
+
+class LeaseLost(ReplaysafeError):
+    """RS002: the attempt no longer holds the action's lease."""
+
+    sqlstate = "RS002"
+
+
+class StaleStateError(ReplaysafeError):
+    """RS003: a compare-and-swap write expected another version."""
+
+    sqlstate = "RS003"
+
+    def __init__(self, message: str, *, detail: str | None = None) -> None:
+        super().__init__(message, detail=detail)
+        info: dict[str, Any] = {}
+        if detail:
+            with contextlib.suppress(ValueError):
+                info = json.loads(detail)
+        self.thread_id: str | None = info.get("thread_id")
+        self.expected_version: int | None = info.get("expected_version")
+        self.current_version: int | None = info.get("current_version")
+
+
+class AccessDenied(ReplaysafeError):
+    """RS004: another user's thread, or another tenant's rows."""
+
+    sqlstate = "RS004"
+
+
+class InvalidArgument(ReplaysafeError, ValueError):
+    """RS005 (or a client-side check): an argument is out of its domain."""
+
+    sqlstate = "RS005"
+
+
+class InvalidTransition(ReplaysafeError):
+    """RS006: the action is not in a state that allows this (or does not exist)."""
+
+    sqlstate = "RS006"
+
+
+class SchemaNotInstalled(ReplaysafeError):
+    """The database has no (or an outdated) replaysafe schema: run ``replaysafe-pg migrate``."""
+
+
+BY_SQLSTATE: dict[str, type[ReplaysafeError]] = {
+    cls.sqlstate: cls
+    for cls in (FingerprintConflict, LeaseLost, StaleStateError, AccessDenied,
+                InvalidArgument, InvalidTransition)
+    if cls.sqlstate
+}
+
+# Server-side rejections of argument values that did not reach our own checks (a JSON text
+# the server cannot store, a NUL character, an out-of-range number...).
+_INVALID_INPUT = ("22P02", "22P05", "22021", "22003", "22007", "22008", "2202E", "22023")
+
+
+def translate(exc: psycopg.Error) -> ReplaysafeError | None:
+    """The domain exception for a database error, or None if it is not one of ours."""
+    state = exc.sqlstate
+    if state is None:
+        return None
+    diag = exc.diag
+    message = diag.message_primary or str(exc)
+    cls = BY_SQLSTATE.get(state)
+    if cls is not None:
+        return cls(message, detail=diag.message_detail)
+    if state in _INVALID_INPUT:
+        return InvalidArgument(f"invalid argument: {message}", detail=diag.message_detail)
+    if state == "42501":  # insufficient_privilege: row-level security or missing grants
+        return AccessDenied(f"access denied: {message}")
+    if state in ("3F000", "42883", "42P01", "42704") and "replaysafe" in str(exc):
+        return SchemaNotInstalled(
+            "the replaysafe schema is missing or outdated in this database: "
+            "run `replaysafe-pg migrate` (or replaysafe_pg.migrate(dsn))")
+    return None
+
+
+@contextlib.contextmanager
+def wrap_errors() -> Iterator[None]:
+    """Re-raise database errors of ours as :class:`ReplaysafeError` subclasses."""
+    try:
+        yield
+    except pg_errors.Error as exc:
+        domain = translate(exc)
+        if domain is None:
+            raise
+        raise domain from exc

@@ -1,0 +1,277 @@
+"""``Ledger`` and ``AsyncLedger``: one method per ``replaysafe`` ledger function.
+
+Each method is one round trip (a named query from ``sql/queries.sql``). The classes share
+everything but I/O through :class:`_LedgerBase`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import datetime, timedelta
+from typing import Any
+
+from replaysafe_pg import _json, queries
+from replaysafe_pg._conn import AsyncConninfo, AsyncSource, Conninfo, SyncSource
+from replaysafe_pg.errors import InvalidArgument
+from replaysafe_pg.models import Action, ActionState, Attempt, Claim, ReportOutcome
+
+DEFAULT_LEASE = timedelta(seconds=30)
+Lease = timedelta | float | int
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def as_interval(value: Lease, what: str = "lease") -> timedelta:
+    if isinstance(value, timedelta):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidArgument(f"{what} must be a timedelta or a number of seconds")
+    return timedelta(seconds=value)
+
+
+class _LedgerBase:
+    """Parameters in, values out: shared by the sync and async flavours."""
+
+    def __init__(self, *, tenant_id: str, worker_id: str | None) -> None:
+        self.tenant_id = tenant_id
+        self.worker_id = worker_id or default_worker_id()
+
+    def _key(self, action_key: str) -> dict[str, Any]:
+        return {"tenant_id": self.tenant_id, "action_key": action_key}
+
+    def _claim_params(self, action_key: str, operation: str, request: dict[str, Any],
+                      lease: Lease, thread_id: str | None, on_expired: str,
+                      now: datetime | None) -> dict[str, Any]:
+        return self._key(action_key) | {
+            "operation": operation,
+            "request": _json.dumps_object(request, "request"),
+            "worker_id": self.worker_id,
+            "lease": as_interval(lease),
+            "thread_id": thread_id,
+            "on_expired": on_expired,
+            "now": now,
+        }
+
+    def _claim_many_params(self, calls: list[tuple[str, str, dict[str, Any]]], lease: Lease,
+                           thread_id: str | None, on_expired: str,
+                           now: datetime | None) -> dict[str, Any]:
+        return {
+            "tenant_id": self.tenant_id,
+            "action_keys": [key for key, _, _ in calls],
+            "operations": [op for _, op, _ in calls],
+            "requests": [_json.dumps_object(req, "request") for _, _, req in calls],
+            "worker_id": self.worker_id,
+            "lease": as_interval(lease),
+            "thread_id": thread_id,
+            "on_expired": on_expired,
+            "now": now,
+        }
+
+    def _complete_params(self, action_key: str, attempt: int, result: Any,
+                         provider_reference: str | None, now: datetime | None) -> dict[str, Any]:
+        return self._key(action_key) | {
+            "attempt": attempt, "result": _json.dumps(result, "result"),
+            "provider_reference": provider_reference, "now": now}
+
+    def _fail_params(self, action_key: str, attempt: int, error: Any, retryable: bool,
+                     now: datetime | None) -> dict[str, Any]:
+        return self._key(action_key) | {
+            "attempt": attempt, "error": _json.dumps(error, "error"), "retryable": retryable,
+            "now": now}
+
+    def _unknown_params(self, action_key: str, attempt: int, error: Any,
+                        now: datetime | None) -> dict[str, Any]:
+        return self._key(action_key) | {
+            "attempt": attempt, "error": _json.dumps(error, "error"), "now": now}
+
+    def _heartbeat_params(self, action_key: str, attempt: int, lease: Lease,
+                          now: datetime | None) -> dict[str, Any]:
+        return self._key(action_key) | {"attempt": attempt, "lease": as_interval(lease), "now": now}
+
+    def _resolve_params(self, action_key: str, state: ActionState | str, result: Any, error: Any,
+                        provider_reference: str | None, note: str | None,
+                        now: datetime | None) -> dict[str, Any]:
+        return self._key(action_key) | {
+            "state": str(state),
+            "result": None if result is None else _json.dumps(result, "result"),
+            "error": None if error is None else _json.dumps(error, "error"),
+            "provider_reference": provider_reference, "note": note, "now": now}
+
+    @staticmethod
+    def _sweep_params(limit: int, now: datetime | None) -> dict[str, Any]:
+        return {"limit": limit, "now": now}
+
+    @staticmethod
+    def _purge_params(older_than: Lease, limit: int, now: datetime | None) -> dict[str, Any]:
+        return {"older_than": as_interval(older_than, "older_than"), "limit": limit, "now": now}
+
+
+class Ledger(_LedgerBase):
+    """The action ledger for one tenant (synchronous).
+
+    ``conninfo`` is a DSN (the ledger opens one autocommit connection lazily), a psycopg
+    connection, or a psycopg_pool pool.
+    """
+
+    def __init__(self, conninfo: Conninfo, *, tenant_id: str = "default",
+                 worker_id: str | None = None) -> None:
+        super().__init__(tenant_id=tenant_id, worker_id=worker_id)
+        self._source = SyncSource(conninfo)
+
+    def close(self) -> None:
+        self._source.close()
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _one(self, name: str, params: dict[str, Any]) -> Any:
+        return self._source.execute(queries.get(name), params)[0][0]
+
+    def claim(self, action_key: str, operation: str, request: dict[str, Any], *,
+              lease: Lease = DEFAULT_LEASE, thread_id: str | None = None,
+              on_expired: str = "unknown", now: datetime | None = None) -> Claim:
+        """``claim_action``: create or find the action; see :class:`Claim`."""
+        params = self._claim_params(action_key, operation, request, lease, thread_id,
+                                    on_expired, now)
+        return Claim.from_row(self._source.execute(queries.get("claim_action"), params)[0])
+
+    def claim_many(self, calls: list[tuple[str, str, dict[str, Any]]], *,
+                   lease: Lease = DEFAULT_LEASE, thread_id: str | None = None,
+                   on_expired: str = "unknown", now: datetime | None = None) -> list[Claim]:
+        """``claim_actions``: claim ``(action_key, operation, request)`` calls in one round trip;
+        answers in input order."""
+        params = self._claim_many_params(calls, lease, thread_id, on_expired, now)
+        return [Claim.from_row(r) for r in self._source.execute(queries.get("claim_actions"), params)]
+
+    def heartbeat(self, action_key: str, attempt: int, *, lease: Lease = DEFAULT_LEASE,
+                  now: datetime | None = None) -> datetime:
+        """``heartbeat_action``: extend the lease; :class:`LeaseLost` if it is gone."""
+        result: datetime = self._one("heartbeat_action",
+                                     self._heartbeat_params(action_key, attempt, lease, now))
+        return result
+
+    def complete(self, action_key: str, attempt: int, result: Any, *,
+                 provider_reference: str | None = None,
+                 now: datetime | None = None) -> ReportOutcome:
+        return ReportOutcome(self._one("complete_action", self._complete_params(
+            action_key, attempt, result, provider_reference, now)))
+
+    def fail(self, action_key: str, attempt: int, error: Any, *, retryable: bool = False,
+             now: datetime | None = None) -> ReportOutcome:
+        return ReportOutcome(self._one("fail_action", self._fail_params(
+            action_key, attempt, error, retryable, now)))
+
+    def mark_unknown(self, action_key: str, attempt: int, error: Any, *,
+                     now: datetime | None = None) -> ReportOutcome:
+        return ReportOutcome(self._one("mark_action_unknown", self._unknown_params(
+            action_key, attempt, error, now)))
+
+    def resolve(self, action_key: str, state: ActionState | str, *, result: Any = None,
+                error: Any = None, provider_reference: str | None = None,
+                note: str | None = None, now: datetime | None = None) -> ActionState:
+        return ActionState(self._one("resolve_action", self._resolve_params(
+            action_key, state, result, error, provider_reference, note, now)))
+
+    def sweep(self, *, limit: int = 1000, now: datetime | None = None) -> int:
+        """``sweep_expired_actions`` over every tenant this role may see."""
+        count: int = self._one("sweep_expired_actions", self._sweep_params(limit, now))
+        return count
+
+    def purge(self, older_than: Lease, *, limit: int = 10000, now: datetime | None = None) -> int:
+        """``purge_actions`` over every tenant this role may see; one batch of ``limit``."""
+        count: int = self._one("purge_actions", self._purge_params(older_than, limit, now))
+        return count
+
+    def get(self, action_key: str) -> Action | None:
+        rows = self._source.execute(queries.get("get_action"), self._key(action_key))
+        return Action.from_row(rows[0]) if rows else None
+
+    def attempts(self, action_key: str) -> list[Attempt]:
+        rows = self._source.execute(queries.get("list_attempts"), self._key(action_key))
+        return [Attempt.from_row(r) for r in rows]
+
+
+class AsyncLedger(_LedgerBase):
+    """The action ledger for one tenant (asyncio); same methods as :class:`Ledger`."""
+
+    def __init__(self, conninfo: AsyncConninfo, *, tenant_id: str = "default",
+                 worker_id: str | None = None) -> None:
+        super().__init__(tenant_id=tenant_id, worker_id=worker_id)
+        self._source = AsyncSource(conninfo)
+
+    async def close(self) -> None:
+        await self._source.close()
+
+    async def __aenter__(self) -> AsyncLedger:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _one(self, name: str, params: dict[str, Any]) -> Any:
+        return (await self._source.execute(queries.get(name), params))[0][0]
+
+    async def claim(self, action_key: str, operation: str, request: dict[str, Any], *,
+                    lease: Lease = DEFAULT_LEASE, thread_id: str | None = None,
+                    on_expired: str = "unknown", now: datetime | None = None) -> Claim:
+        params = self._claim_params(action_key, operation, request, lease, thread_id,
+                                    on_expired, now)
+        return Claim.from_row((await self._source.execute(queries.get("claim_action"), params))[0])
+
+    async def claim_many(self, calls: list[tuple[str, str, dict[str, Any]]], *,
+                         lease: Lease = DEFAULT_LEASE, thread_id: str | None = None,
+                         on_expired: str = "unknown", now: datetime | None = None) -> list[Claim]:
+        params = self._claim_many_params(calls, lease, thread_id, on_expired, now)
+        rows = await self._source.execute(queries.get("claim_actions"), params)
+        return [Claim.from_row(r) for r in rows]
+
+    async def heartbeat(self, action_key: str, attempt: int, *, lease: Lease = DEFAULT_LEASE,
+                        now: datetime | None = None) -> datetime:
+        result: datetime = await self._one(
+            "heartbeat_action", self._heartbeat_params(action_key, attempt, lease, now))
+        return result
+
+    async def complete(self, action_key: str, attempt: int, result: Any, *,
+                       provider_reference: str | None = None,
+                       now: datetime | None = None) -> ReportOutcome:
+        return ReportOutcome(await self._one("complete_action", self._complete_params(
+            action_key, attempt, result, provider_reference, now)))
+
+    async def fail(self, action_key: str, attempt: int, error: Any, *, retryable: bool = False,
+                   now: datetime | None = None) -> ReportOutcome:
+        return ReportOutcome(await self._one("fail_action", self._fail_params(
+            action_key, attempt, error, retryable, now)))
+
+    async def mark_unknown(self, action_key: str, attempt: int, error: Any, *,
+                           now: datetime | None = None) -> ReportOutcome:
+        return ReportOutcome(await self._one("mark_action_unknown", self._unknown_params(
+            action_key, attempt, error, now)))
+
+    async def resolve(self, action_key: str, state: ActionState | str, *, result: Any = None,
+                      error: Any = None, provider_reference: str | None = None,
+                      note: str | None = None, now: datetime | None = None) -> ActionState:
+        return ActionState(await self._one("resolve_action", self._resolve_params(
+            action_key, state, result, error, provider_reference, note, now)))
+
+    async def sweep(self, *, limit: int = 1000, now: datetime | None = None) -> int:
+        count: int = await self._one("sweep_expired_actions", self._sweep_params(limit, now))
+        return count
+
+    async def purge(self, older_than: Lease, *, limit: int = 10000,
+                    now: datetime | None = None) -> int:
+        count: int = await self._one("purge_actions", self._purge_params(older_than, limit, now))
+        return count
+
+    async def get(self, action_key: str) -> Action | None:
+        rows = await self._source.execute(queries.get("get_action"), self._key(action_key))
+        return Action.from_row(rows[0]) if rows else None
+
+    async def attempts(self, action_key: str) -> list[Attempt]:
+        rows = await self._source.execute(queries.get("list_attempts"), self._key(action_key))
+        return [Attempt.from_row(r) for r in rows]

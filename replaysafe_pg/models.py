@@ -1,0 +1,104 @@
+"""Values the driver returns: enums mirror the SQL ones (a test keeps them equal)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+
+class ActionState(enum.StrEnum):
+    """``replaysafe.action_state``."""
+
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    RETRYABLE = "retryable"
+    UNKNOWN = "unknown"
+
+
+class ClaimOutcome(enum.StrEnum):
+    CLAIMED = "claimed"
+    REPLAY = "replay"
+    RUNNING = "running"
+    UNKNOWN = "unknown"
+
+
+class ReportOutcome(enum.StrEnum):
+    RECORDED = "recorded"
+    LATE = "late"
+    SUPERSEDED = "superseded"
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """What ``claim_action`` answered."""
+
+    outcome: ClaimOutcome
+    state: ActionState
+    attempt: int
+    lease_expires_at: datetime | None
+    result: Any
+    error: Any
+    idempotency_key: str
+    provider_reference: str | None
+
+    @classmethod
+    def from_row(cls, row: tuple[Any, ...]) -> Claim:
+        return cls(ClaimOutcome(row[0]), ActionState(row[1]), *row[2:])
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """One row of ``replaysafe.actions_v``."""
+
+    tenant_id: str
+    action_key: str
+    thread_id: str | None
+    operation: str
+    state: ActionState
+    attempt: int
+    on_expired: str
+    idempotency_key: str
+    request: Any
+    result: Any
+    error: Any
+    provider_reference: str | None
+    lease_expires_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+    completed_at: datetime | None
+    worker_id: str
+    resolution_note: str | None
+    resolved_at: datetime | None
+
+    @classmethod
+    def from_row(cls, row: tuple[Any, ...]) -> Action:
+        values = list(row)
+        values[4] = ActionState(values[4])
+        return cls(*values)
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One row of ``replaysafe.action_attempts_v``."""
+
+    tenant_id: str
+    action_key: str
+    attempt: int
+    worker_id: str
+    claimed_at: datetime
+    ended_at: datetime | None
+    outcome: ActionState | None
+    superseded: bool
+    error: Any
+    result: Any
+    provider_reference: str | None
+
+    @classmethod
+    def from_row(cls, row: tuple[Any, ...]) -> Attempt:
+        values = list(row)
+        if values[6] is not None:
+            values[6] = ActionState(values[6])
+        return cls(*values)

@@ -1,0 +1,189 @@
+"""Install and upgrade the ``replaysafe`` schema with alembic.
+
+Three ways in, one implementation:
+
+* ``alembic upgrade head`` with the project's ``alembic.ini`` (``migrations/env.py`` calls
+  :func:`run_from_alembic_env`);
+* ``replaysafe_pg.migrate(dsn)`` from Python;
+* from a user's own alembic ``env.py``: call ``replaysafe_pg.migrate(connection)`` with the
+  SQLAlchemy connection before running your own migrations.
+
+Our chain keeps its own version table, ``replaysafe.alembic_version``, so it never collides
+with an application's alembic history. Every run takes a transaction-scoped advisory lock
+first, so any number of processes may migrate one database at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy.engine import Connection, Engine
+
+SCHEMA = "replaysafe"
+VERSION_TABLE = "alembic_version"
+# pg_advisory_xact_lock key: "replaysafe" migrations (any constant works; this one is ours).
+MIGRATION_LOCK_KEY = 0x7265706C61797361
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def _resource_dir(installed: str, in_repo: str) -> Path:
+    # A wheel carries sql/ and migrations/ inside the package; a source checkout (and an
+    # editable install) has them at the repository root.
+    candidate = _PACKAGE_DIR / installed
+    return candidate if candidate.is_dir() else _PACKAGE_DIR.parent / in_repo
+
+
+def migrations_dir() -> Path:
+    return _resource_dir("_migrations", "migrations")
+
+
+def sql_dir() -> Path:
+    return _resource_dir("_sql", "sql")
+
+
+def schema_sql() -> str:
+    """The whole current schema as one SQL script (``sql/schema.sql``)."""
+    return (sql_dir() / "schema.sql").read_text(encoding="utf-8")
+
+
+def sqlalchemy_url(dsn: str) -> str:
+    """A libpq URI or key=value DSN as a SQLAlchemy URL for the psycopg 3 dialect."""
+    if dsn.startswith(("postgresql+psycopg://", "postgresql+psycopg:")):
+        return dsn
+    for prefix in ("postgresql://", "postgres://"):
+        if dsn.startswith(prefix):
+            return "postgresql+psycopg://" + dsn[len(prefix) :]
+    # key=value form: let libpq parse it.
+    return "postgresql+psycopg://?" + "&".join(dsn.split())
+
+
+def alembic_config(dsn: str | None = None) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(migrations_dir()))
+    if dsn:
+        cfg.set_main_option("sqlalchemy.url", sqlalchemy_url(dsn).replace("%", "%%"))
+    return cfg
+
+
+def run_revision_sql(revision_file: str, name: str, connection: Connection | None) -> None:
+    """Run a revision's SQL file: on ``connection``, or through alembic's ``op`` (offline)."""
+    sql = (Path(revision_file).resolve().parent / name).read_text(encoding="utf-8")
+    if connection is None:
+        from alembic import op
+
+        op.execute(sa.text(sql.replace(":", r"\:")))
+        return
+    # Simple-query protocol (no parameters): the file holds many statements.
+    driver_conn = connection.connection.driver_connection
+    assert driver_conn is not None
+    driver_conn.execute(sql)
+
+
+def _lock_and_prepare(connection: Connection) -> None:
+    connection.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATION_LOCK_KEY})
+    connection.execute(sa.text(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}"))
+
+
+def _context_opts() -> dict[str, Any]:
+    return {
+        "version_table": VERSION_TABLE,
+        "version_table_schema": SCHEMA,
+        "transaction_per_migration": False,
+    }
+
+
+def _run(connection: Connection, destination: str, *, downgrade: bool) -> None:
+    script = ScriptDirectory.from_config(alembic_config())
+
+    def steps(rev: Any, _context: Any) -> Any:
+        if downgrade:
+            return script._downgrade_revs(destination, rev)
+        return script._upgrade_revs(destination, rev)
+
+    opts = _context_opts() | {"script": script, "fn": steps}
+    # No alembic EnvironmentContext here: it installs module-level proxies that would
+    # clobber the caller's own alembic env when we run inside it.
+    ctx = MigrationContext.configure(connection, opts=opts)
+    _lock_and_prepare(connection)
+    ctx.run_migrations(connection=connection)
+
+
+@contextlib.contextmanager
+def _connection(target: str | Connection | Engine) -> Iterator[Connection]:
+    if isinstance(target, Connection):
+        if target.in_transaction():
+            yield target
+        else:
+            with target.begin():
+                yield target
+        return
+    engine = target if isinstance(target, Engine) else sa.create_engine(
+        sqlalchemy_url(target), poolclass=sa.NullPool)
+    try:
+        with engine.begin() as conn:
+            yield conn
+    finally:
+        if not isinstance(target, Engine):
+            engine.dispose()
+
+
+def migrate(target: str | Connection | Engine, revision: str = "head") -> None:
+    """Upgrade the ``replaysafe`` schema to ``revision`` (default: the newest), in one
+    transaction. ``target`` is a DSN, a SQLAlchemy engine or connection."""
+    with _connection(target) as conn:
+        _run(conn, revision, downgrade=False)
+
+
+def downgrade(target: str | Connection | Engine, revision: str = "base") -> None:
+    """Downgrade to ``revision``; ``base`` removes every replaysafe object but the schema
+    and its (then empty) version table."""
+    with _connection(target) as conn:
+        _run(conn, revision, downgrade=True)
+
+
+def current_revision(target: str | Connection | Engine) -> str | None:
+    """The installed revision, or None when the schema was never migrated."""
+    with _connection(target) as conn:
+        ctx = MigrationContext.configure(conn, opts=_context_opts())
+        return ctx.get_current_revision()
+
+
+def head_revision() -> str:
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    assert head is not None
+    return head
+
+
+def run_from_alembic_env(context: Any) -> None:
+    """Body of ``migrations/env.py`` (``alembic upgrade head`` with our alembic.ini)."""
+    config = context.config
+    dsn = (context.get_x_argument(as_dictionary=True).get("dsn")
+           or os.environ.get("REPLAYSAFE_DSN")
+           or config.get_main_option("sqlalchemy.url"))
+    if not dsn:
+        raise SystemExit("no database: pass -x dsn=..., set REPLAYSAFE_DSN or sqlalchemy.url")
+    url = sqlalchemy_url(dsn)
+    if context.is_offline_mode():
+        context.configure(url=url, literal_binds=True, **_context_opts())
+        with context.begin_transaction():
+            context.execute(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}")
+            context.run_migrations()
+        return
+    engine = sa.create_engine(url, poolclass=sa.NullPool)
+    try:
+        with engine.connect() as conn:
+            context.configure(connection=conn, **_context_opts())
+            with context.begin_transaction():
+                _lock_and_prepare(conn)
+                context.run_migrations(connection=conn)
+    finally:
+        engine.dispose()

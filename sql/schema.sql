@@ -1,0 +1,871 @@
+-- replaysafe: the action ledger, tenant bindings and row-level security.
+--
+-- Every object lives in schema "replaysafe" and every reference inside a function body is
+-- schema-qualified, so nothing depends on the caller's search_path. Functions are
+-- SECURITY INVOKER: row-level security applies to whoever calls them.
+-- Deliberate errors use SQLSTATE class RS (RS001..RS006, see docs/errors.md).
+
+CREATE SCHEMA IF NOT EXISTS replaysafe;
+COMMENT ON SCHEMA replaysafe IS 'replaysafe_pg: action ledger and versioned thread state';
+
+-- Group roles, created only where the migrating role may create roles. Roles are
+-- cluster-wide, so another database may have created them already.
+DO $roles$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = current_user
+               AND (rolsuper OR rolcreaterole)) THEN
+        BEGIN
+            IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'replaysafe_worker') THEN
+                CREATE ROLE replaysafe_worker NOLOGIN;
+            END IF;
+        EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
+        END;
+        BEGIN
+            IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'replaysafe_auditor') THEN
+                CREATE ROLE replaysafe_auditor NOLOGIN;
+            END IF;
+        EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
+        END;
+    END IF;
+END
+$roles$;
+
+CREATE TYPE replaysafe.action_state AS ENUM ('running', 'succeeded', 'failed', 'retryable', 'unknown');
+
+-- ---------------------------------------------------------------------------------------
+-- Private tables
+-- ---------------------------------------------------------------------------------------
+
+CREATE TABLE replaysafe.role_bindings (
+    role_name  text PRIMARY KEY,
+    tenant_id  text NOT NULL,
+    bound_at   timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE TABLE replaysafe.actions (
+    tenant_id          text NOT NULL,
+    action_key         text NOT NULL,
+    thread_id          text,
+    operation          text NOT NULL,
+    request            jsonb NOT NULL,
+    state              replaysafe.action_state NOT NULL,
+    attempt            integer NOT NULL,
+    on_expired         text NOT NULL CHECK (on_expired IN ('unknown', 'reclaim')),
+    idempotency_key    text NOT NULL,
+    worker_id          text NOT NULL,
+    lease_expires_at   timestamptz NOT NULL,
+    -- Someone is waiting (LISTEN) for the current attempt to leave "running".
+    has_waiters        boolean NOT NULL DEFAULT false,
+    result             jsonb,
+    error              jsonb,
+    provider_reference text,
+    resolution_note    text,
+    created_at         timestamptz NOT NULL,
+    updated_at         timestamptz NOT NULL,
+    completed_at       timestamptz,
+    resolved_at        timestamptz,
+    PRIMARY KEY (tenant_id, action_key)
+);
+
+-- sweep_expired_actions and unresolved_actions: only running rows, ordered by lease.
+CREATE INDEX actions_running_lease_idx ON replaysafe.actions (lease_expires_at)
+    WHERE state = 'running';
+-- purge_actions: only terminal rows, oldest first.
+CREATE INDEX actions_terminal_completed_idx ON replaysafe.actions (completed_at)
+    WHERE state IN ('succeeded', 'failed');
+-- unresolved_actions: unknown rows are few and must be found without a scan.
+CREATE INDEX actions_unknown_idx ON replaysafe.actions (updated_at)
+    WHERE state = 'unknown';
+
+CREATE TABLE replaysafe.action_attempts (
+    tenant_id          text NOT NULL,
+    action_key         text NOT NULL,
+    attempt            integer NOT NULL,
+    worker_id          text NOT NULL,
+    claimed_at         timestamptz NOT NULL,
+    ended_at           timestamptz,
+    outcome            replaysafe.action_state,
+    -- The attempt's report did not reach the action (a newer attempt or a final outcome won).
+    superseded         boolean NOT NULL DEFAULT false,
+    result             jsonb,
+    error              jsonb,
+    provider_reference text,
+    PRIMARY KEY (tenant_id, action_key, attempt)
+);
+
+CREATE TYPE replaysafe.claim_record AS (
+    outcome            text,
+    state              replaysafe.action_state,
+    attempt            integer,
+    lease_expires_at   timestamptz,
+    result             jsonb,
+    error              jsonb,
+    idempotency_key    text,
+    provider_reference text
+);
+
+-- ---------------------------------------------------------------------------------------
+-- Private helpers
+-- ---------------------------------------------------------------------------------------
+
+CREATE FUNCTION replaysafe._raise(p_sqlstate text, p_message text, p_detail text DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF p_detail IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = p_sqlstate, MESSAGE = p_message;
+    END IF;
+    RAISE EXCEPTION USING ERRCODE = p_sqlstate, MESSAGE = p_message, DETAIL = p_detail;
+END
+$$;
+
+-- Inlined into callers' IF conditions: the common (valid) path costs no function call.
+CREATE FUNCTION replaysafe._id_ok(p_value text)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE
+AS $$ SELECT $1 IS NOT NULL AND length($1) BETWEEN 1 AND 512 $$;
+
+-- Slow path after _id_ok said no: name the offending argument.
+CREATE FUNCTION replaysafe._check_id(p_name text, p_value text, p_nullable boolean DEFAULT false)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF p_value IS NULL AND p_nullable THEN
+        RETURN;
+    END IF;
+    IF p_value IS NULL OR length(p_value) NOT BETWEEN 1 AND 512 THEN
+        PERFORM replaysafe._raise('RS005', format(
+            'invalid argument %s: must be non-empty text of at most 512 characters (got %s)',
+            p_name, CASE WHEN p_value IS NULL THEN 'NULL'
+                         ELSE length(p_value)::text || ' characters' END));
+    END IF;
+END
+$$;
+
+CREATE FUNCTION replaysafe._invalid(p_name text, p_rule text)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    PERFORM replaysafe._raise('RS005', format('invalid argument %s: %s', p_name, p_rule));
+END
+$$;
+
+-- The tenant a role is bound to (NULL when unbound). Row-level security calls it once per
+-- statement as an InitPlan.
+CREATE FUNCTION replaysafe._bound_tenant()
+RETURNS text
+LANGUAGE sql STABLE
+AS $$
+    SELECT b.tenant_id FROM replaysafe.role_bindings b WHERE b.role_name = current_user::text
+$$;
+
+-- Unbound members of replaysafe_auditor read every tenant.
+CREATE FUNCTION replaysafe._reads_all_tenants()
+RETURNS boolean
+LANGUAGE sql STABLE
+AS $$
+    SELECT NOT EXISTS (SELECT 1 FROM replaysafe.role_bindings b
+                       WHERE b.role_name = current_user::text)
+       AND EXISTS (SELECT 1 FROM pg_catalog.pg_roles r
+                   WHERE r.rolname = 'replaysafe_auditor'
+                     AND pg_catalog.pg_has_role(current_user, r.oid, 'MEMBER'))
+$$;
+
+-- May the calling role act for p_tenant_id? A bound role: only its tenant. An unbound role:
+-- only if it is (a member of) the schema owner, which row-level security does not restrict.
+CREATE FUNCTION replaysafe._tenant_ok(p_tenant_id text)
+RETURNS boolean
+LANGUAGE sql STABLE
+AS $$
+    SELECT CASE WHEN b.tenant_id IS NULL
+                THEN pg_catalog.pg_has_role(current_user, n.nspowner, 'USAGE')
+                ELSE b.tenant_id = p_tenant_id END
+    FROM pg_catalog.pg_namespace n
+    LEFT JOIN replaysafe.role_bindings b ON b.role_name = current_user::text
+    WHERE n.nspname = 'replaysafe'
+$$;
+
+CREATE FUNCTION replaysafe._deny_tenant()
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    PERFORM replaysafe._raise('RS004', 'access denied: this role may not act for that tenant');
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------
+-- Public functions
+-- ---------------------------------------------------------------------------------------
+
+-- Deterministic, fixed-length (68 characters) key for downstream providers. The tenant is
+-- length-prefixed, so no two (tenant, key) pairs can collide by concatenation.
+CREATE FUNCTION replaysafe.idempotency_key(p_tenant_id text, p_action_key text)
+RETURNS text
+LANGUAGE sql IMMUTABLE STRICT
+AS $$
+    SELECT 'rs1_' || encode(sha256(convert_to(
+        length(p_tenant_id)::text || ':' || p_tenant_id || p_action_key, 'UTF8')), 'hex')
+$$;
+
+CREATE FUNCTION replaysafe.bind_role_to_tenant(p_role text, p_tenant_id text)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF p_role IS NULL OR NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = p_role) THEN
+        PERFORM replaysafe._invalid('p_role', 'must name an existing role');
+    END IF;
+    PERFORM replaysafe._check_id('p_tenant_id', p_tenant_id);
+    INSERT INTO replaysafe.role_bindings AS b (role_name, tenant_id)
+    VALUES (p_role, p_tenant_id)
+    ON CONFLICT (role_name) DO UPDATE SET tenant_id = excluded.tenant_id, bound_at = now();
+END
+$$;
+
+CREATE FUNCTION replaysafe.unbind_role(p_role text)
+RETURNS boolean
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF p_role IS NULL THEN
+        PERFORM replaysafe._invalid('p_role', 'must not be NULL');
+    END IF;
+    DELETE FROM replaysafe.role_bindings b WHERE b.role_name = p_role;
+    RETURN FOUND;
+END
+$$;
+
+-- Claim an action: create it, or find it and answer what the caller must do.
+-- Outcomes: claimed | replay | running | unknown; RS001 on a changed fingerprint.
+-- A replay or an "unknown" answer reads one row without locking and writes nothing.
+CREATE FUNCTION replaysafe.claim_action(
+    p_tenant_id   text,
+    p_action_key  text,
+    p_operation   text,
+    p_request     jsonb,
+    p_worker_id   text,
+    p_lease       interval    DEFAULT '30 seconds',
+    p_thread_id   text        DEFAULT NULL,
+    p_on_expired  text        DEFAULT 'unknown',
+    p_now         timestamptz DEFAULT now())
+RETURNS replaysafe.claim_record
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    a replaysafe.actions;
+BEGIN
+    IF NOT (replaysafe._id_ok(p_tenant_id) AND replaysafe._id_ok(p_action_key)
+            AND replaysafe._id_ok(p_operation) AND replaysafe._id_ok(p_worker_id)
+            AND (p_thread_id IS NULL OR replaysafe._id_ok(p_thread_id))) THEN
+        PERFORM replaysafe._check_id('p_tenant_id', p_tenant_id);
+        PERFORM replaysafe._check_id('p_action_key', p_action_key);
+        PERFORM replaysafe._check_id('p_operation', p_operation);
+        PERFORM replaysafe._check_id('p_worker_id', p_worker_id);
+        PERFORM replaysafe._check_id('p_thread_id', p_thread_id, true);
+    END IF;
+    IF p_request IS NULL OR jsonb_typeof(p_request) <> 'object' THEN
+        PERFORM replaysafe._invalid('p_request', 'must be a JSON object');
+    END IF;
+    IF p_lease IS NULL OR p_lease <= interval '0' THEN
+        PERFORM replaysafe._invalid('p_lease', 'must be a positive interval');
+    END IF;
+    IF p_on_expired IS NULL OR p_on_expired NOT IN ('unknown', 'reclaim') THEN
+        PERFORM replaysafe._invalid('p_on_expired', 'must be ''unknown'' or ''reclaim''');
+    END IF;
+    IF p_now IS NULL THEN
+        PERFORM replaysafe._invalid('p_now', 'must not be NULL');
+    END IF;
+    IF NOT replaysafe._tenant_ok(p_tenant_id) THEN
+        PERFORM replaysafe._deny_tenant();
+    END IF;
+
+    -- Fast path, no lock: terminal and unknown actions answer from one read.
+    SELECT * INTO a FROM replaysafe.actions x
+    WHERE x.tenant_id = p_tenant_id AND x.action_key = p_action_key;
+
+    IF FOUND THEN
+        IF a.operation <> p_operation OR a.request <> p_request THEN
+            PERFORM replaysafe._raise('RS001', format(
+                'action %s already exists with a different operation or request', p_action_key));
+        END IF;
+        IF a.state IN ('succeeded', 'failed') THEN
+            RETURN replaysafe._claim_record('replay', a);
+        ELSIF a.state = 'unknown' THEN
+            RETURN replaysafe._claim_record('unknown', a);
+        ELSIF a.state = 'running' AND a.lease_expires_at > p_now AND a.has_waiters THEN
+            RETURN replaysafe._claim_record('running', a);
+        END IF;
+    ELSE
+        INSERT INTO replaysafe.actions AS x (
+            tenant_id, action_key, thread_id, operation, request, state, attempt, on_expired,
+            idempotency_key, worker_id, lease_expires_at, created_at, updated_at)
+        VALUES (
+            p_tenant_id, p_action_key, p_thread_id, p_operation, p_request, 'running', 1,
+            p_on_expired, replaysafe.idempotency_key(p_tenant_id, p_action_key), p_worker_id,
+            p_now + p_lease, p_now, p_now)
+        ON CONFLICT DO NOTHING
+        RETURNING * INTO a;
+        IF FOUND THEN
+            INSERT INTO replaysafe.action_attempts (tenant_id, action_key, attempt, worker_id, claimed_at)
+            VALUES (p_tenant_id, p_action_key, 1, p_worker_id, p_now);
+            RETURN replaysafe._claim_record('claimed', a);
+        END IF;
+        -- A concurrent claim created it first: decide under its row lock below.
+    END IF;
+
+    RETURN replaysafe._claim_locked(p_tenant_id, p_action_key, p_operation, p_request,
+                                    p_worker_id, p_lease, p_thread_id, p_on_expired, p_now);
+END
+$$;
+
+CREATE FUNCTION replaysafe._claim_record(p_outcome text, a replaysafe.actions)
+RETURNS replaysafe.claim_record
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT ROW(p_outcome, a.state, a.attempt, a.lease_expires_at, a.result, a.error,
+               a.idempotency_key, a.provider_reference)::replaysafe.claim_record
+$$;
+
+-- The part of a claim that must change the row: waiters, expired leases, retries.
+CREATE FUNCTION replaysafe._claim_locked(
+    p_tenant_id text, p_action_key text, p_operation text, p_request jsonb,
+    p_worker_id text, p_lease interval, p_thread_id text, p_on_expired text, p_now timestamptz)
+RETURNS replaysafe.claim_record
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    a replaysafe.actions;
+BEGIN
+    SELECT * INTO a FROM replaysafe.actions x
+    WHERE x.tenant_id = p_tenant_id AND x.action_key = p_action_key
+    FOR UPDATE;
+    IF NOT FOUND THEN
+        -- Purged between our reads (it was terminal): it is new again.
+        RETURN replaysafe.claim_action(p_tenant_id, p_action_key, p_operation, p_request,
+                                       p_worker_id, p_lease, p_thread_id, p_on_expired, p_now);
+    END IF;
+    IF a.operation <> p_operation OR a.request <> p_request THEN
+        PERFORM replaysafe._raise('RS001', format(
+            'action %s already exists with a different operation or request', p_action_key));
+    END IF;
+
+    IF a.state IN ('succeeded', 'failed') THEN
+        RETURN replaysafe._claim_record('replay', a);
+    ELSIF a.state = 'unknown' THEN
+        RETURN replaysafe._claim_record('unknown', a);
+    ELSIF a.state = 'running' AND a.lease_expires_at > p_now THEN
+        IF NOT a.has_waiters THEN
+            UPDATE replaysafe.actions x SET has_waiters = true
+            WHERE x.tenant_id = p_tenant_id AND x.action_key = p_action_key;
+        END IF;
+        RETURN replaysafe._claim_record('running', a);
+    ELSIF a.state = 'running' THEN
+        -- The lease ran out and nobody noticed yet: the attempt's effect is unknown.
+        PERFORM replaysafe._expire_attempt(a, p_now);
+        IF a.on_expired = 'unknown' THEN
+            UPDATE replaysafe.actions x SET state = 'unknown', updated_at = p_now
+            WHERE x.tenant_id = p_tenant_id AND x.action_key = p_action_key
+            RETURNING * INTO a;
+            RETURN replaysafe._claim_record('unknown', a);
+        END IF;
+    END IF;
+
+    -- retryable, or an expired lease under on_expired = 'reclaim': a new attempt.
+    UPDATE replaysafe.actions x
+    SET state = 'running', attempt = x.attempt + 1, worker_id = p_worker_id,
+        lease_expires_at = p_now + p_lease, has_waiters = false, result = NULL, error = NULL,
+        provider_reference = NULL, updated_at = p_now
+    WHERE x.tenant_id = p_tenant_id AND x.action_key = p_action_key
+    RETURNING * INTO a;
+    INSERT INTO replaysafe.action_attempts (tenant_id, action_key, attempt, worker_id, claimed_at)
+    VALUES (p_tenant_id, p_action_key, a.attempt, p_worker_id, p_now);
+    RETURN replaysafe._claim_record('claimed', a);
+END
+$$;
+
+-- Close an attempt whose lease ran out without a report, and wake its waiters.
+-- The caller holds the action's row lock and moves the action out of "running".
+CREATE FUNCTION replaysafe._expire_attempt(a replaysafe.actions, p_now timestamptz)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    UPDATE replaysafe.action_attempts t
+    SET outcome = 'unknown', ended_at = p_now,
+        error = jsonb_build_object('reason', 'lease_expired', 'lease_expires_at', a.lease_expires_at)
+    WHERE t.tenant_id = a.tenant_id AND t.action_key = a.action_key AND t.attempt = a.attempt;
+    IF a.has_waiters THEN
+        PERFORM pg_notify('replaysafe_actions', a.idempotency_key);
+    END IF;
+END
+$$;
+
+-- Array variant for the parallel tool calls of one model turn: one round trip, results in
+-- input order. Keys are claimed in sorted order so two overlapping batches cannot deadlock.
+CREATE FUNCTION replaysafe.claim_actions(
+    p_tenant_id   text,
+    p_action_keys text[],
+    p_operations  text[],
+    p_requests    jsonb[],
+    p_worker_id   text,
+    p_lease       interval    DEFAULT '30 seconds',
+    p_thread_id   text        DEFAULT NULL,
+    p_on_expired  text        DEFAULT 'unknown',
+    p_now         timestamptz DEFAULT now())
+RETURNS SETOF replaysafe.claim_record
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    n       integer := coalesce(cardinality(p_action_keys), 0);
+    results replaysafe.claim_record[] := '{}';
+    i       integer;
+BEGIN
+    IF p_action_keys IS NULL OR n <> coalesce(cardinality(p_operations), -1)
+       OR n <> coalesce(cardinality(p_requests), -1) THEN
+        PERFORM replaysafe._invalid('p_action_keys',
+            'p_action_keys, p_operations and p_requests must be arrays of equal length');
+    END IF;
+    IF (SELECT count(DISTINCT k) FROM unnest(p_action_keys) k) <> n THEN
+        PERFORM replaysafe._invalid('p_action_keys', 'must not repeat a key');
+    END IF;
+    FOR i IN SELECT o FROM unnest(p_action_keys) WITH ORDINALITY AS u(k, o) ORDER BY k LOOP
+        results[i] := replaysafe.claim_action(p_tenant_id, p_action_keys[i], p_operations[i],
+                                              p_requests[i], p_worker_id, p_lease, p_thread_id,
+                                              p_on_expired, p_now);
+    END LOOP;
+    RETURN QUERY SELECT * FROM unnest(results);
+END
+$$;
+
+CREATE FUNCTION replaysafe.heartbeat_action(
+    p_tenant_id  text,
+    p_action_key text,
+    p_attempt    integer,
+    p_lease      interval    DEFAULT '30 seconds',
+    p_now        timestamptz DEFAULT now())
+RETURNS timestamptz
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_expires timestamptz;
+BEGIN
+    IF NOT (replaysafe._id_ok(p_tenant_id) AND replaysafe._id_ok(p_action_key)) THEN
+        PERFORM replaysafe._check_id('p_tenant_id', p_tenant_id);
+        PERFORM replaysafe._check_id('p_action_key', p_action_key);
+    END IF;
+    IF p_attempt IS NULL OR p_attempt < 1 THEN
+        PERFORM replaysafe._invalid('p_attempt', 'must be a positive attempt number');
+    END IF;
+    IF p_lease IS NULL OR p_lease <= interval '0' THEN
+        PERFORM replaysafe._invalid('p_lease', 'must be a positive interval');
+    END IF;
+    IF p_now IS NULL THEN
+        PERFORM replaysafe._invalid('p_now', 'must not be NULL');
+    END IF;
+    IF NOT replaysafe._tenant_ok(p_tenant_id) THEN
+        PERFORM replaysafe._deny_tenant();
+    END IF;
+
+    UPDATE replaysafe.actions x
+    SET lease_expires_at = p_now + p_lease, updated_at = p_now
+    WHERE x.tenant_id = p_tenant_id AND x.action_key = p_action_key
+      AND x.attempt = p_attempt AND x.state = 'running'
+    RETURNING x.lease_expires_at INTO v_expires;
+    IF NOT FOUND THEN
+        PERFORM replaysafe._raise('RS002', format(
+            'lease lost: attempt %s of action %s no longer holds it', p_attempt, p_action_key));
+    END IF;
+    RETURN v_expires;
+END
+$$;
+
+-- The one implementation of an attempt's report (complete, fail, mark unknown).
+-- recorded: the action was running under this attempt. late: it is still on this attempt
+-- but left running without a final report (expiry, or the attempt said unknown).
+-- superseded: a newer attempt or a final outcome exists; kept on the attempt row only.
+CREATE FUNCTION replaysafe._report(
+    p_tenant_id          text,
+    p_action_key         text,
+    p_attempt            integer,
+    p_state              replaysafe.action_state,
+    p_result             jsonb,
+    p_error              jsonb,
+    p_provider_reference text,
+    p_now                timestamptz)
+RETURNS text
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    a         replaysafe.actions;
+    v_outcome text;
+    v_final   timestamptz := CASE WHEN p_state IN ('succeeded', 'failed') THEN p_now END;
+BEGIN
+    IF NOT (replaysafe._id_ok(p_tenant_id) AND replaysafe._id_ok(p_action_key)) THEN
+        PERFORM replaysafe._check_id('p_tenant_id', p_tenant_id);
+        PERFORM replaysafe._check_id('p_action_key', p_action_key);
+    END IF;
+    IF p_attempt IS NULL OR p_attempt < 1 THEN
+        PERFORM replaysafe._invalid('p_attempt', 'must be a positive attempt number');
+    END IF;
+    IF p_now IS NULL THEN
+        PERFORM replaysafe._invalid('p_now', 'must not be NULL');
+    END IF;
+    IF NOT replaysafe._tenant_ok(p_tenant_id) THEN
+        PERFORM replaysafe._deny_tenant();
+    END IF;
+
+    -- Hot path: the attempt still holds the action.
+    UPDATE replaysafe.actions x
+    SET state = p_state, result = p_result, error = p_error,
+        provider_reference = p_provider_reference, completed_at = v_final, updated_at = p_now
+    WHERE x.tenant_id = p_tenant_id AND x.action_key = p_action_key
+      AND x.attempt = p_attempt AND x.state = 'running'
+    RETURNING * INTO a;
+    IF FOUND THEN
+        v_outcome := 'recorded';
+        IF a.has_waiters THEN
+            PERFORM pg_notify('replaysafe_actions', a.idempotency_key);
+        END IF;
+    ELSE
+        SELECT * INTO a FROM replaysafe.actions x
+        WHERE x.tenant_id = p_tenant_id AND x.action_key = p_action_key
+        FOR UPDATE;
+        IF NOT FOUND THEN
+            PERFORM replaysafe._raise('RS006', format('action %s does not exist', p_action_key));
+        END IF;
+        IF p_attempt > a.attempt THEN
+            PERFORM replaysafe._raise('RS006', format(
+                'action %s has no attempt %s (latest is %s)', p_action_key, p_attempt, a.attempt));
+        END IF;
+        IF a.attempt = p_attempt AND a.state IN ('unknown', 'retryable') THEN
+            v_outcome := 'late';
+            UPDATE replaysafe.actions x
+            SET state = p_state, result = p_result, error = p_error,
+                provider_reference = p_provider_reference, completed_at = v_final,
+                updated_at = p_now
+            WHERE x.tenant_id = p_tenant_id AND x.action_key = p_action_key;
+        ELSE
+            v_outcome := 'superseded';
+        END IF;
+    END IF;
+
+    -- The attempt row keeps the report. A superseded report does not erase an earlier
+    -- final report of the same attempt, except that a success always shows (the effect
+    -- happened, and multi_effect_actions must see it).
+    UPDATE replaysafe.action_attempts t
+    SET outcome = CASE WHEN v_outcome <> 'superseded' OR t.outcome IS NULL
+                            OR t.outcome = 'unknown' OR p_state = 'succeeded'
+                       THEN p_state ELSE t.outcome END,
+        superseded = (v_outcome = 'superseded'),
+        ended_at = coalesce(t.ended_at, p_now),
+        result = coalesce(p_result, t.result),
+        error = coalesce(p_error, t.error),
+        provider_reference = coalesce(p_provider_reference, t.provider_reference)
+    WHERE t.tenant_id = p_tenant_id AND t.action_key = p_action_key AND t.attempt = p_attempt;
+    RETURN v_outcome;
+END
+$$;
+
+CREATE FUNCTION replaysafe.complete_action(
+    p_tenant_id          text,
+    p_action_key         text,
+    p_attempt            integer,
+    p_result             jsonb,
+    p_provider_reference text        DEFAULT NULL,
+    p_now                timestamptz DEFAULT now())
+RETURNS text
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF p_result IS NULL THEN
+        PERFORM replaysafe._invalid('p_result', 'must not be NULL (use the JSON value null)');
+    END IF;
+    RETURN replaysafe._report(p_tenant_id, p_action_key, p_attempt, 'succeeded', p_result, NULL,
+                              p_provider_reference, p_now);
+END
+$$;
+
+CREATE FUNCTION replaysafe.fail_action(
+    p_tenant_id  text,
+    p_action_key text,
+    p_attempt    integer,
+    p_error      jsonb,
+    p_retryable  boolean     DEFAULT false,
+    p_now        timestamptz DEFAULT now())
+RETURNS text
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF p_error IS NULL THEN
+        PERFORM replaysafe._invalid('p_error', 'must not be NULL');
+    END IF;
+    IF p_retryable IS NULL THEN
+        PERFORM replaysafe._invalid('p_retryable', 'must not be NULL');
+    END IF;
+    RETURN replaysafe._report(p_tenant_id, p_action_key, p_attempt,
+                              CASE WHEN p_retryable THEN 'retryable' ELSE 'failed' END::replaysafe.action_state,
+                              NULL, p_error, NULL, p_now);
+END
+$$;
+
+CREATE FUNCTION replaysafe.mark_action_unknown(
+    p_tenant_id  text,
+    p_action_key text,
+    p_attempt    integer,
+    p_error      jsonb,
+    p_now        timestamptz DEFAULT now())
+RETURNS text
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF p_error IS NULL THEN
+        PERFORM replaysafe._invalid('p_error', 'must not be NULL');
+    END IF;
+    RETURN replaysafe._report(p_tenant_id, p_action_key, p_attempt, 'unknown', NULL, p_error,
+                              NULL, p_now);
+END
+$$;
+
+-- Reconciliation: an operator (or a reconciler job) decides what an unknown action became.
+CREATE FUNCTION replaysafe.resolve_action(
+    p_tenant_id          text,
+    p_action_key         text,
+    p_state              text,
+    p_result             jsonb       DEFAULT NULL,
+    p_error              jsonb       DEFAULT NULL,
+    p_provider_reference text        DEFAULT NULL,
+    p_note               text        DEFAULT NULL,
+    p_now                timestamptz DEFAULT now())
+RETURNS replaysafe.action_state
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_state replaysafe.action_state;
+    v_old   replaysafe.action_state;
+BEGIN
+    IF NOT (replaysafe._id_ok(p_tenant_id) AND replaysafe._id_ok(p_action_key)) THEN
+        PERFORM replaysafe._check_id('p_tenant_id', p_tenant_id);
+        PERFORM replaysafe._check_id('p_action_key', p_action_key);
+    END IF;
+    IF p_state IS NULL OR p_state NOT IN ('succeeded', 'failed', 'retryable') THEN
+        PERFORM replaysafe._invalid('p_state', 'must be ''succeeded'', ''failed'' or ''retryable''');
+    END IF;
+    IF p_now IS NULL THEN
+        PERFORM replaysafe._invalid('p_now', 'must not be NULL');
+    END IF;
+    IF NOT replaysafe._tenant_ok(p_tenant_id) THEN
+        PERFORM replaysafe._deny_tenant();
+    END IF;
+    v_state := p_state::replaysafe.action_state;
+
+    SELECT x.state INTO v_old FROM replaysafe.actions x
+    WHERE x.tenant_id = p_tenant_id AND x.action_key = p_action_key
+    FOR UPDATE;
+    IF NOT FOUND THEN
+        PERFORM replaysafe._raise('RS006', format('action %s does not exist', p_action_key));
+    END IF;
+    IF v_old <> 'unknown' THEN
+        PERFORM replaysafe._raise('RS006', format(
+            'action %s is %s; only unknown actions can be resolved', p_action_key, v_old));
+    END IF;
+
+    UPDATE replaysafe.actions x
+    SET state = v_state, result = p_result, error = p_error,
+        provider_reference = coalesce(p_provider_reference, x.provider_reference),
+        resolution_note = p_note, resolved_at = p_now, updated_at = p_now,
+        completed_at = CASE WHEN v_state IN ('succeeded', 'failed') THEN p_now END
+    WHERE x.tenant_id = p_tenant_id AND x.action_key = p_action_key;
+    RETURN v_state;
+END
+$$;
+
+-- Expired running leases become unknown (or retryable under on_expired = 'reclaim').
+-- Rows locked by a concurrent claim or report are skipped: that caller decides them.
+-- Row-level security limits a bound role to its own tenant (as for purge_actions).
+CREATE FUNCTION replaysafe.sweep_expired_actions(
+    p_limit integer     DEFAULT 1000,
+    p_now   timestamptz DEFAULT now())
+RETURNS integer
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_count integer;
+    v_keys  text[];
+BEGIN
+    IF p_limit IS NULL OR p_limit < 1 THEN
+        PERFORM replaysafe._invalid('p_limit', 'must be a positive integer');
+    END IF;
+    IF p_now IS NULL THEN
+        PERFORM replaysafe._invalid('p_now', 'must not be NULL');
+    END IF;
+
+    WITH due AS (
+        SELECT x.tenant_id, x.action_key, x.attempt, x.on_expired, x.has_waiters,
+               x.idempotency_key, x.lease_expires_at
+        FROM replaysafe.actions x
+        WHERE x.state = 'running' AND x.lease_expires_at <= p_now
+        ORDER BY x.lease_expires_at
+        LIMIT p_limit
+        FOR UPDATE SKIP LOCKED
+    ), moved AS (
+        UPDATE replaysafe.actions x
+        SET state = CASE WHEN d.on_expired = 'reclaim' THEN 'retryable' ELSE 'unknown' END::replaysafe.action_state,
+            updated_at = p_now
+        FROM due d
+        WHERE x.tenant_id = d.tenant_id AND x.action_key = d.action_key
+        RETURNING x.tenant_id
+    ), closed AS (  -- data-modifying CTEs always run to completion
+        UPDATE replaysafe.action_attempts t
+        SET outcome = 'unknown', ended_at = p_now,
+            error = jsonb_build_object('reason', 'lease_expired', 'lease_expires_at', d.lease_expires_at)
+        FROM due d
+        WHERE t.tenant_id = d.tenant_id AND t.action_key = d.action_key AND t.attempt = d.attempt
+        RETURNING t.tenant_id
+    )
+    SELECT (SELECT count(*) FROM moved), array_agg(d.idempotency_key) FILTER (WHERE d.has_waiters)
+    INTO v_count, v_keys
+    FROM due d;
+
+    PERFORM pg_notify('replaysafe_actions', k) FROM unnest(v_keys) AS k;
+    RETURN coalesce(v_count, 0);
+END
+$$;
+
+-- Delete terminal actions (and their attempts) finished before p_now - p_older_than.
+-- Batched by p_limit; never touches running, unknown or retryable actions.
+CREATE FUNCTION replaysafe.purge_actions(
+    p_older_than interval,
+    p_limit      integer     DEFAULT 10000,
+    p_now        timestamptz DEFAULT now())
+RETURNS integer
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_count integer;
+BEGIN
+    IF p_older_than IS NULL OR p_older_than < interval '0' THEN
+        PERFORM replaysafe._invalid('p_older_than', 'must be a non-negative interval');
+    END IF;
+    IF p_limit IS NULL OR p_limit < 1 THEN
+        PERFORM replaysafe._invalid('p_limit', 'must be a positive integer');
+    END IF;
+    IF p_now IS NULL THEN
+        PERFORM replaysafe._invalid('p_now', 'must not be NULL');
+    END IF;
+
+    WITH victims AS (
+        SELECT x.tenant_id, x.action_key
+        FROM replaysafe.actions x
+        WHERE x.state IN ('succeeded', 'failed') AND x.completed_at < p_now - p_older_than
+        ORDER BY x.completed_at
+        LIMIT p_limit
+        FOR UPDATE SKIP LOCKED
+    ), gone_attempts AS (  -- data-modifying CTEs always run to completion
+        DELETE FROM replaysafe.action_attempts t
+        USING victims v
+        WHERE t.tenant_id = v.tenant_id AND t.action_key = v.action_key
+        RETURNING t.tenant_id
+    ), gone AS (
+        DELETE FROM replaysafe.actions x
+        USING victims v
+        WHERE x.tenant_id = v.tenant_id AND x.action_key = v.action_key
+        RETURNING x.tenant_id
+    )
+    SELECT count(*) INTO v_count FROM gone;
+    RETURN v_count;
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------
+-- Audit views (security_invoker: row-level security of the reader applies)
+-- ---------------------------------------------------------------------------------------
+
+CREATE VIEW replaysafe.actions_v WITH (security_invoker = true) AS
+SELECT tenant_id, action_key, thread_id, operation, state, attempt, on_expired,
+       idempotency_key, request, result, error, provider_reference, lease_expires_at,
+       created_at, updated_at, completed_at, worker_id, resolution_note, resolved_at
+FROM replaysafe.actions;
+
+CREATE VIEW replaysafe.action_attempts_v WITH (security_invoker = true) AS
+SELECT tenant_id, action_key, attempt, worker_id, claimed_at, ended_at, outcome, superseded,
+       error, result, provider_reference
+FROM replaysafe.action_attempts;
+
+CREATE VIEW replaysafe.unresolved_actions WITH (security_invoker = true) AS
+SELECT tenant_id, action_key, operation, state, lease_expires_at,
+       now() - CASE WHEN state = 'running' THEN lease_expires_at ELSE updated_at END AS age,
+       thread_id, created_at, updated_at
+FROM replaysafe.actions
+WHERE state = 'unknown' OR (state = 'running' AND lease_expires_at <= now());
+
+CREATE VIEW replaysafe.multi_effect_actions WITH (security_invoker = true) AS
+SELECT t.tenant_id, t.action_key, a.operation, count(*) AS successful_attempts
+FROM replaysafe.action_attempts t
+JOIN replaysafe.actions a ON a.tenant_id = t.tenant_id AND a.action_key = t.action_key
+WHERE t.outcome = 'succeeded'
+GROUP BY t.tenant_id, t.action_key, a.operation
+HAVING count(*) > 1;
+
+-- ---------------------------------------------------------------------------------------
+-- Row-level security: a bound role sees and changes only its tenant's rows; unbound
+-- auditors read every tenant; anyone else (but the owner) sees nothing.
+-- ---------------------------------------------------------------------------------------
+
+ALTER TABLE replaysafe.role_bindings ENABLE ROW LEVEL SECURITY;
+CREATE POLICY own_binding ON replaysafe.role_bindings FOR SELECT
+    USING (role_name = current_user::text);
+
+ALTER TABLE replaysafe.actions ENABLE ROW LEVEL SECURITY;
+CREATE POLICY tenant_read ON replaysafe.actions FOR SELECT
+    USING (tenant_id = (SELECT replaysafe._bound_tenant()) OR (SELECT replaysafe._reads_all_tenants()));
+CREATE POLICY tenant_insert ON replaysafe.actions FOR INSERT
+    WITH CHECK (tenant_id = (SELECT replaysafe._bound_tenant()));
+CREATE POLICY tenant_update ON replaysafe.actions FOR UPDATE
+    USING (tenant_id = (SELECT replaysafe._bound_tenant()))
+    WITH CHECK (tenant_id = (SELECT replaysafe._bound_tenant()));
+CREATE POLICY tenant_delete ON replaysafe.actions FOR DELETE
+    USING (tenant_id = (SELECT replaysafe._bound_tenant()));
+
+ALTER TABLE replaysafe.action_attempts ENABLE ROW LEVEL SECURITY;
+CREATE POLICY tenant_read ON replaysafe.action_attempts FOR SELECT
+    USING (tenant_id = (SELECT replaysafe._bound_tenant()) OR (SELECT replaysafe._reads_all_tenants()));
+CREATE POLICY tenant_insert ON replaysafe.action_attempts FOR INSERT
+    WITH CHECK (tenant_id = (SELECT replaysafe._bound_tenant()));
+CREATE POLICY tenant_update ON replaysafe.action_attempts FOR UPDATE
+    USING (tenant_id = (SELECT replaysafe._bound_tenant()))
+    WITH CHECK (tenant_id = (SELECT replaysafe._bound_tenant()));
+CREATE POLICY tenant_delete ON replaysafe.action_attempts FOR DELETE
+    USING (tenant_id = (SELECT replaysafe._bound_tenant()));
+
+-- ---------------------------------------------------------------------------------------
+-- Privileges
+-- ---------------------------------------------------------------------------------------
+
+REVOKE ALL ON SCHEMA replaysafe FROM PUBLIC;
+REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA replaysafe FROM PUBLIC;
+
+DO $grants$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'replaysafe_worker') THEN
+        GRANT USAGE ON SCHEMA replaysafe TO replaysafe_worker;
+        GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA replaysafe TO replaysafe_worker;
+        GRANT SELECT, INSERT, UPDATE, DELETE ON replaysafe.actions, replaysafe.action_attempts
+            TO replaysafe_worker;
+        GRANT SELECT ON replaysafe.role_bindings, replaysafe.actions_v,
+            replaysafe.action_attempts_v, replaysafe.unresolved_actions,
+            replaysafe.multi_effect_actions TO replaysafe_worker;
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'replaysafe_auditor') THEN
+        GRANT USAGE ON SCHEMA replaysafe TO replaysafe_auditor;
+        GRANT EXECUTE ON FUNCTION replaysafe._bound_tenant(), replaysafe._reads_all_tenants(),
+            replaysafe.idempotency_key(text, text) TO replaysafe_auditor;
+        GRANT SELECT ON replaysafe.role_bindings, replaysafe.actions, replaysafe.action_attempts,
+            replaysafe.actions_v, replaysafe.action_attempts_v, replaysafe.unresolved_actions,
+            replaysafe.multi_effect_actions TO replaysafe_auditor;
+    END IF;
+END
+$grants$;
