@@ -92,6 +92,9 @@ def translate(exc: psycopg.Error) -> ReplaysafeError | None:
     """The domain exception for a database error, or None if it is not one of ours."""
     state = exc.sqlstate
     if state is None:
+        # Raised by psycopg before sending: a parameter it cannot send (a NUL in a text).
+        if isinstance(exc, psycopg.DataError):
+            return InvalidArgument(f"invalid argument: {exc}")
         return None
     diag = exc.diag
     message = diag.message_primary or str(exc)
