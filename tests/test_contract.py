@@ -1,0 +1,179 @@
+"""Python and SQL agree: every query the driver sends resolves with the argument types it
+sends, enums and record shapes match, every RS SQLSTATE maps to its exception class, and
+the derived idempotency key is computed the same on both sides."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from replaysafe_pg import errors, queries
+from replaysafe_pg.keys import idempotency_key
+from replaysafe_pg.models import Action, ActionState, Attempt, Claim, ClaimOutcome, ReportOutcome
+from replaysafe_pg.schema import schema_sql
+
+CALL = re.compile(r"replaysafe\.(\w+)\(")
+PARAM = re.compile(r"%\((\w+)\)s(?:::([\w\[\] ]+))?")
+NAMED = re.compile(r"^(p_\w+) => (.*)$", re.DOTALL)
+
+
+def split_args(query: str, start: int) -> list[str]:
+    """Top-level comma-separated arguments of the call whose '(' is at ``start``."""
+    depth, parts, current = 0, [], ""
+    for ch in query[start + 1:]:
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            if depth == 0:
+                parts.append(current.strip())
+                return parts
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(current.strip())
+            current = ""
+            continue
+        current += ch
+    raise AssertionError("unbalanced call")
+
+
+def sent_types(query: str) -> tuple[str, dict[str, str]]:
+    """The function a query calls and, per named argument, the type the driver sends."""
+    m = CALL.search(query)
+    assert m is not None
+    sent: dict[str, str] = {}
+    for arg in split_args(query, m.end() - 1):
+        named = NAMED.match(arg)
+        assert named, f"{m.group(1)}: positional argument {arg!r} (use named notation)"
+        param = PARAM.search(named.group(2))
+        assert param, f"{m.group(1)}: {arg!r} sends no parameter"
+        # An uncast parameter goes out as "unknown" and resolves as text.
+        sent[named.group(1)] = param.group(2) or "text"
+    return m.group(1), sent
+
+
+FUNCTION_QUERIES = {name: q for name, q in queries.all_queries().items() if CALL.search(q)}
+
+
+def test_every_query_is_loaded_and_calls_are_bare_selects() -> None:
+    names = set(queries.all_queries())
+    assert {"claim_action", "claim_actions", "heartbeat_action", "complete_action", "fail_action",
+            "mark_action_unknown", "resolve_action", "sweep_expired_actions", "purge_actions",
+            "get_action", "list_attempts"} <= names
+    for name, q in FUNCTION_QUERIES.items():
+        assert "\n" not in q and q.startswith("SELECT "), name
+        assert CALL.search(q).group(1) == name, name  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("name", sorted(FUNCTION_QUERIES))
+def test_called_function_resolves_with_the_sent_types(conn: psycopg.Connection[Any],
+                                                      name: str) -> None:
+    fn, sent = sent_types(FUNCTION_QUERIES[name])
+    declared = conn.execute("""
+        SELECT a.name, format_type(a.type, NULL), a.ord > p.pronargs - p.pronargdefaults
+        FROM pg_proc p
+        JOIN pg_namespace n ON n.oid = p.pronamespace,
+             unnest(p.proargnames, p.proargtypes::oid[]) WITH ORDINALITY AS a(name, type, ord)
+        WHERE n.nspname = 'replaysafe' AND p.proname = %s
+        ORDER BY a.ord""", (fn,)).fetchall()
+    assert declared, f"replaysafe.{fn} does not exist"
+    declared_names = [d[0] for d in declared]
+    assert set(sent) <= set(declared_names), f"{fn}: unknown arguments {set(sent) - set(declared_names)}"
+    signature = []
+    for arg, declared_type, has_default in declared:
+        if arg in sent:
+            got = conn.execute("SELECT %s::regtype::text", (sent[arg],)).fetchone()
+            assert got is not None
+            assert got[0] == declared_type, f"{fn}.{arg}: sends {got[0]}, declared {declared_type}"
+            signature.append(got[0])
+        else:
+            assert has_default, f"{fn}.{arg} has no default and is not sent"
+            signature.append(declared_type)
+    regproc = f"replaysafe.{fn}({', '.join(signature)})"
+    assert conn.execute("SELECT to_regprocedure(%s)", (regproc,)).fetchone() != (None,), regproc
+
+
+@pytest.mark.parametrize("name", sorted(queries.all_queries()))
+def test_every_query_plans_with_driver_parameters(conn: psycopg.Connection[Any], name: str) -> None:
+    """EXPLAIN with NULL parameters, sent the way the driver sends them: resolution and
+    planning happen, the (volatile) functions do not run."""
+    query = queries.get(name)
+    params = {p: None for p, _ in PARAM.findall(query)}
+    with conn.transaction(force_rollback=True):
+        plan = conn.execute("EXPLAIN (VERBOSE) " + query, params).fetchall()
+    text = "\n".join(r[0] for r in plan)
+    if name in FUNCTION_QUERIES:
+        assert f"replaysafe.{name}(" in text
+
+
+def test_view_queries_return_the_model_fields(conn: psycopg.Connection[Any]) -> None:
+    for name, model in (("get_action", Action), ("list_attempts", Attempt)):
+        cur = conn.execute(queries.get(name), {"tenant_id": "t", "action_key": "k"})
+        assert cur.description is not None
+        assert [c.name for c in cur.description] == [f.name for f in dataclasses.fields(model)]
+
+
+def test_claim_record_matches_claim(conn: psycopg.Connection[Any]) -> None:
+    attrs = [r[0] for r in conn.execute(
+        "SELECT attname FROM pg_attribute WHERE attrelid = 'replaysafe.claim_record'::regclass "
+        "AND attnum > 0 AND NOT attisdropped ORDER BY attnum")]
+    assert attrs == [f.name for f in dataclasses.fields(Claim)]
+
+
+def test_sql_enum_equals_python_enum(conn: psycopg.Connection[Any]) -> None:
+    labels = conn.execute("SELECT enum_range(NULL::replaysafe.action_state)::text[]").fetchone()
+    assert labels is not None
+    assert labels[0] == [s.value for s in ActionState]
+
+
+def test_outcome_names_in_sql_equal_python_enums() -> None:
+    sql = schema_sql()
+    claim_outcomes = set(re.findall(r"_claim_record\('(\w+)'", sql))
+    report_outcomes = set(re.findall(r"v_outcome := '(\w+)'", sql))
+    assert claim_outcomes == {o.value for o in ClaimOutcome}
+    assert report_outcomes == {o.value for o in ReportOutcome}
+
+
+@pytest.mark.parametrize("code", sorted(errors.BY_SQLSTATE))
+def test_every_rs_sqlstate_maps_to_its_class(conn: psycopg.Connection[Any], code: str) -> None:
+    detail = '{"thread_id": "th", "expected_version": 1, "current_version": 2}'
+    with pytest.raises(errors.ReplaysafeError) as info, errors.wrap_errors():
+        conn.execute("SELECT replaysafe._raise(%s, 'boom', %s)", (code, detail))
+    exc = info.value
+    assert type(exc) is errors.BY_SQLSTATE[code]
+    assert (exc.sqlstate, exc.message, exc.detail) == (code, "boom", detail)
+    if code == "RS003":
+        assert isinstance(exc, errors.StaleStateError)
+        assert (exc.thread_id, exc.expected_version, exc.current_version) == ("th", 1, 2)
+
+
+def test_every_rs_sqlstate_raised_in_sql_is_mapped() -> None:
+    raised = set(re.findall(r"'(RS\d{3})'", schema_sql()))
+    assert raised <= set(errors.BY_SQLSTATE)
+    assert set(errors.BY_SQLSTATE) == {f"RS00{i}" for i in range(1, 7)}
+    classes = list(errors.BY_SQLSTATE.values())
+    assert len(set(classes)) == len(classes)
+    assert all(issubclass(c, errors.ReplaysafeError) for c in classes)
+
+
+ids = st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\x00"), max_size=40)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(tenant=ids, key=ids)
+def test_python_idempotency_key_equals_sql(conn: psycopg.Connection[Any], tenant: str,
+                                           key: str) -> None:
+    row = conn.execute("SELECT replaysafe.idempotency_key(%s, %s)", (tenant, key)).fetchone()
+    assert row == (idempotency_key(tenant, key),)
+
+
+@pytest.mark.parametrize(("tenant", "key"), [("t1", "k"), ("ß", "ключ"), ("🦀", "\U0001d518"),
+                                             ("a:b", "c"), ("", "")])
+def test_idempotency_key_examples(conn: psycopg.Connection[Any], tenant: str, key: str) -> None:
+    row = conn.execute("SELECT replaysafe.idempotency_key(%s, %s)", (tenant, key)).fetchone()
+    assert row == (idempotency_key(tenant, key),)
