@@ -169,15 +169,21 @@ def run_from_alembic_env(context: Any) -> None:
     dsn = (context.get_x_argument(as_dictionary=True).get("dsn")
            or os.environ.get("REPLAYSAFE_DSN")
            or config.get_main_option("sqlalchemy.url"))
-    if not dsn:
-        raise SystemExit("no database: pass -x dsn=..., set REPLAYSAFE_DSN or sqlalchemy.url")
-    url = sqlalchemy_url(dsn)
     if context.is_offline_mode():
-        context.configure(url=url, literal_binds=True, **_context_opts())
+        # Printing the SQL needs only the dialect, never a database. The "named" paramstyle
+        # keeps "%" in function bodies as written (pyformat would print "%%").
+        context.configure(url=sqlalchemy_url(dsn) if dsn else "postgresql+psycopg://",
+                          literal_binds=True, dialect_opts={"paramstyle": "named"},
+                          **_context_opts())
         with context.begin_transaction():
+            # The printed script is as safe to run from several places at once as migrate().
+            context.execute(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK_KEY})")
             context.execute(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}")
             context.run_migrations()
         return
+    if not dsn:
+        raise SystemExit("no database: pass -x dsn=..., set REPLAYSAFE_DSN or sqlalchemy.url")
+    url = sqlalchemy_url(dsn)
     engine = sa.create_engine(url, poolclass=sa.NullPool)
     try:
         with engine.connect() as conn:

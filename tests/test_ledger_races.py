@@ -69,7 +69,8 @@ def test_16_threads_claim_one_new_key_exactly_one_wins(connect: Any, conn: Any) 
 
 
 def test_16_processes_claim_one_new_key_exactly_one_wins(dsn: str, conn: Any) -> None:
-    ctx = multiprocessing.get_context("spawn")
+    # fork: the children only open connections of their own, and skip re-importing.
+    ctx = multiprocessing.get_context("fork")
     barrier = ctx.Barrier(N)
     out = ctx.Queue()
     procs = [ctx.Process(target=process_claim, args=(dsn, "k", at(0), barrier, out))

