@@ -1,0 +1,353 @@
+"""Action ledger throughput and latency, as ratios against a bare-SQL floor.
+
+    PYTHONPATH=. python bench/ledger_bench.py [--duration 3] [--conns 1,4,16]
+
+Starts its own embedded Postgres under /tmp with default (durable) settings, stops it by PID
+at the end. Every cell runs for a fixed time on c connections, each in its own spawned
+process (started once and reused). Three ways to do each operation:
+
+* ``floor`` — bare SQL on a table of the same shape as ``replaysafe.actions`` (same columns,
+  keys and indexes): ``INSERT ... ON CONFLICT DO NOTHING RETURNING`` then
+  ``UPDATE ... WHERE pk`` (claim+complete), ``SELECT`` by primary key (replay), the INSERT
+  alone (claim-only); prepared statements, autocommit.
+* ``sql`` — the driver's named queries (``sql/queries.sql``) calling the ledger functions,
+  prepared, autocommit: what the database costs.
+* ``driver`` — the ``Ledger`` methods: adds the Python driver's own work.
+
+Then, on one connection, WAL bytes, transaction ids and commits per operation (replays must
+assign no transaction id and write no WAL).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import itertools
+import json
+import multiprocessing
+import os
+import shutil
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import conninfo as pg_conninfo
+
+warnings.filterwarnings("ignore", module="platformdirs")
+
+OPS = ("claim+complete", "replay", "claim-only")
+VARIANTS = ("floor", "sql", "driver")
+TENANT = "bench"
+REQUEST = {"order": 42, "amount_cents": 1250, "currency": "EUR"}
+RESULT = {"refund_id": "re_3PqX9", "status": "succeeded"}
+REPLAY_KEYS = 1000
+
+FLOOR_DDL = """
+CREATE SCHEMA bench;
+CREATE TABLE bench.actions (LIKE replaysafe.actions INCLUDING DEFAULTS INCLUDING CONSTRAINTS
+                            INCLUDING INDEXES);
+"""
+FLOOR_INSERT = (
+    "INSERT INTO bench.actions (tenant_id, action_key, thread_id, operation, request, state, "
+    "attempt, on_expired, idempotency_key, worker_id, lease_expires_at, created_at, updated_at) "
+    "VALUES (%(tenant_id)s, %(action_key)s, NULL, %(operation)s, %(request)s::jsonb, 'running', "
+    "1, 'unknown', %(idem)s, %(worker_id)s, now() + interval '30 seconds', now(), now()) "
+    "ON CONFLICT DO NOTHING RETURNING attempt, lease_expires_at")
+FLOOR_UPDATE = (
+    "UPDATE bench.actions SET state = 'succeeded', result = %(result)s::jsonb, "
+    "completed_at = now(), updated_at = now() "
+    "WHERE tenant_id = %(tenant_id)s AND action_key = %(action_key)s")
+FLOOR_SELECT = (
+    "SELECT state, attempt, lease_expires_at, result, error, idempotency_key, provider_reference "
+    "FROM bench.actions WHERE tenant_id = %(tenant_id)s AND action_key = %(action_key)s")
+
+
+def idem(key: str) -> str:
+    return "rs1_" + hashlib.sha256(f"{len(TENANT)}:{TENANT}{key}".encode()).hexdigest()
+
+
+# --- the operations, as one callable per (operation, variant) ---------------------------------
+
+def make_op(op: str, variant: str, conn: psycopg.Connection[Any], ledger: Any,
+            new_key: Callable[[], str], replay_key: Callable[[], str]) -> Callable[[], None]:
+    from replaysafe_pg import queries
+
+    request_json, result_json = json.dumps(REQUEST), json.dumps(RESULT)
+    worker = ledger.worker_id
+
+    def claim_params(key: str) -> dict[str, Any]:
+        return {"tenant_id": TENANT, "action_key": key, "operation": "refund",
+                "request": request_json, "worker_id": worker, "lease": "30 seconds",
+                "thread_id": None, "on_expired": "unknown", "now": None}
+
+    if variant == "floor":
+        def floor_insert(key: str) -> None:
+            conn.execute(FLOOR_INSERT, {"tenant_id": TENANT, "action_key": key,
+                                        "operation": "refund", "request": request_json,
+                                        "idem": idem(key), "worker_id": worker},
+                         prepare=True).fetchone()
+
+        if op == "claim+complete":
+            def run() -> None:
+                key = new_key()
+                floor_insert(key)
+                conn.execute(FLOOR_UPDATE, {"result": result_json, "tenant_id": TENANT,
+                                            "action_key": key}, prepare=True)
+        elif op == "claim-only":
+            def run() -> None:
+                floor_insert(new_key())
+        else:
+            def run() -> None:
+                conn.execute(FLOOR_SELECT, {"tenant_id": TENANT, "action_key": replay_key()},
+                             prepare=True).fetchone()
+        return run
+
+    if variant == "sql":
+        claim_q, complete_q = queries.get("claim_action"), queries.get("complete_action")
+
+        if op == "claim+complete":
+            def run() -> None:
+                key = new_key()
+                row = conn.execute(claim_q, claim_params(key), prepare=True).fetchone()
+                assert row is not None and row[0] == "claimed"
+                conn.execute(complete_q, {"tenant_id": TENANT, "action_key": key,
+                                          "attempt": row[2], "result": result_json,
+                                          "provider_reference": None, "now": None},
+                             prepare=True).fetchone()
+        elif op == "claim-only":
+            def run() -> None:
+                conn.execute(claim_q, claim_params(new_key()), prepare=True).fetchone()
+        else:
+            def run() -> None:
+                row = conn.execute(claim_q, claim_params(replay_key()), prepare=True).fetchone()
+                assert row is not None and row[0] == "replay"
+        return run
+
+    if op == "claim+complete":
+        def run() -> None:
+            key = new_key()
+            c = ledger.claim(key, "refund", REQUEST)
+            ledger.complete(key, c.attempt, RESULT)
+    elif op == "claim-only":
+        def run() -> None:
+            ledger.claim(new_key(), "refund", REQUEST)
+    else:
+        def run() -> None:
+            assert ledger.claim(replay_key(), "refund", REQUEST).outcome == "replay"
+    return run
+
+
+# --- worker processes ----------------------------------------------------------------------------
+
+def worker_main(dsn: str, idx: int, inbox: Any, outbox: Any) -> None:
+    warnings.filterwarnings("ignore", module="platformdirs")
+    from replaysafe_pg import Ledger
+
+    conn = psycopg.connect(dsn, autocommit=True)
+    ledger = Ledger(conn, tenant_id=TENANT, worker_id=f"bench-{idx}")
+    outbox.put(("ready", idx))
+    replay_cycle = itertools.cycle(f"replay-{i}" for i in range(idx, REPLAY_KEYS, 16))
+    seq = itertools.count()
+
+    def new_key() -> str:
+        return f"{idx}:{next(seq)}"
+
+    runs: dict[tuple[str, str], Callable[[], None]] = {}
+    while (cmd := inbox.get()) is not None:
+        op, variant, start_at, end_at = cmd
+        run = runs.get((op, variant))
+        if run is None:
+            run = runs[op, variant] = make_op(op, variant, conn, ledger, new_key,
+                                              lambda: next(replay_cycle))
+            for _ in range(20):  # warm up: plans prepared, caches filled
+                run()
+        time.sleep(max(0.0, start_at - time.monotonic()))
+        latencies: list[float] = []
+        while (t0 := time.perf_counter()) < end_at:
+            run()
+            latencies.append(time.perf_counter() - t0)
+        outbox.put(("done", latencies))
+    conn.close()
+
+
+class Workers:
+    def __init__(self, dsn: str, n: int) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.inboxes = [ctx.Queue() for _ in range(n)]
+        self.outbox = ctx.Queue()
+        self.procs = [ctx.Process(target=worker_main, args=(dsn, i, self.inboxes[i], self.outbox))
+                      for i in range(n)]
+        for p in self.procs:
+            p.start()
+        for _ in range(n):
+            assert self.outbox.get(timeout=180)[0] == "ready"
+
+    def slice(self, op: str, variant: str, conns: int, duration: float) -> list[float]:
+        # CLOCK_MONOTONIC is system-wide: every worker starts and stops at the same instant.
+        start_at = time.monotonic() + 0.15
+        end_at = start_at + duration
+        for inbox in self.inboxes[:conns]:
+            inbox.put((op, variant, start_at, end_at))
+        latencies: list[float] = []
+        for _ in range(conns):
+            kind, lat = self.outbox.get(timeout=duration + 120)
+            assert kind == "done"
+            latencies += lat
+        return latencies
+
+    def cell(self, op: str, conns: int, duration: float,
+             slices: int) -> dict[str, tuple[float, float, float]]:
+        """Every variant for ``duration`` seconds in total, in alternating slices, so load
+        drifting on a shared machine hits all of them alike."""
+        latencies: dict[str, list[float]] = {v: [] for v in VARIANTS}
+        for _ in range(slices):
+            for v in VARIANTS:
+                latencies[v] += self.slice(op, v, conns, duration / slices)
+        out = {}
+        for v, lat in latencies.items():
+            lat.sort()
+            p50 = lat[len(lat) // 2] * 1000
+            p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000
+            out[v] = (len(lat) / duration, p50, p99)
+        return out
+
+    def close(self) -> None:
+        for inbox in self.inboxes:
+            inbox.put(None)
+        for p in self.procs:
+            p.join(30)
+
+
+# --- setup and per-operation costs ------------------------------------------------------------------
+
+def setup(dsn: str) -> None:
+    import replaysafe_pg
+    from replaysafe_pg import Ledger
+
+    replaysafe_pg.migrate(dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(FLOOR_DDL)
+        conn.execute("SET synchronous_commit = off")  # this session only: loading, not measuring
+        led = Ledger(conn, tenant_id=TENANT, worker_id="setup")
+        floor = make_op("claim+complete", "floor", conn, led, iter(
+            f"replay-{i}" for i in range(REPLAY_KEYS)).__next__, lambda: "")
+        for i in range(REPLAY_KEYS):
+            c = led.claim(f"replay-{i}", "refund", REQUEST)
+            led.complete(f"replay-{i}", c.attempt, RESULT)
+            floor()
+        conn.execute("VACUUM ANALYZE")
+
+
+def costs(dsn: str, n: int = 200) -> dict[tuple[str, str], dict[str, float]]:
+    """WAL bytes, transaction ids and commits per operation, on one connection."""
+    from replaysafe_pg import Ledger
+
+    out: dict[tuple[str, str], dict[str, float]] = {}
+    with psycopg.connect(dsn, autocommit=True) as conn, \
+            psycopg.connect(dsn, autocommit=True) as probe:
+        conn.execute("VACUUM")  # no pruning or hint-bit writes left for the reads to do
+        led = Ledger(conn, tenant_id=TENANT, worker_id="costs")
+        seq = itertools.count()
+        replay = itertools.cycle(f"replay-{i}" for i in range(REPLAY_KEYS))
+        for op in OPS:
+            for variant in VARIANTS:
+                run = make_op(op, variant, conn, led, lambda: f"cost:{next(seq)}",
+                              lambda: next(replay))
+                for _ in range(20):
+                    run()
+
+                def sample() -> tuple[int, int, int]:
+                    conn.execute("SELECT pg_stat_force_next_flush()")
+                    row = probe.execute(
+                        "SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn, "
+                        "pg_snapshot_xmax(pg_current_snapshot())::text::bigint, "
+                        "(SELECT xact_commit FROM pg_stat_database "
+                        " WHERE datname = current_database())").fetchone()
+                    assert row is not None
+                    return int(row[0]), int(row[1]), int(row[2])
+
+                wal0, xid0, commit0 = sample()
+                for _ in range(n):
+                    run()
+                wal1, xid1, commit1 = sample()
+                out[(op, variant)] = {
+                    "wal_bytes": (wal1 - wal0) / n,
+                    "xids": (xid1 - xid0) / n,
+                    # The probe's own reads and the flush calls commit too: a small constant.
+                    "commits": (commit1 - commit0 - 2) / n,
+                }
+    return out
+
+
+# --- main ------------------------------------------------------------------------------------------
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--duration", type=float, default=2.5, help="seconds per variant and cell")
+    parser.add_argument("--conns", default="1,4,16", help="connection counts")
+    parser.add_argument("--slices", type=int, default=3,
+                        help="alternating slices per variant and cell")
+    args = parser.parse_args()
+    conn_counts = [int(c) for c in args.conns.split(",")]
+
+    from replaysafe_pg import embedded
+
+    began = time.monotonic()
+    tmp = Path(tempfile.mkdtemp(prefix="replaysafe-bench-", dir="/tmp"))
+    server = embedded.start(tmp / "pgdata")  # default settings: fsync and synchronous_commit on
+    workers: Workers | None = None
+    try:
+        with psycopg.connect(server.dsn, autocommit=True) as c:
+            settings = dict(c.execute("SELECT name, setting FROM pg_settings WHERE name IN "
+                                      "('fsync', 'synchronous_commit', 'server_version', "
+                                      "'data_checksums')").fetchall())
+            c.execute("CREATE DATABASE bench")
+        dsn = pg_conninfo.make_conninfo(server.dsn, dbname="bench")
+        setup(dsn)
+        workers = Workers(dsn, max(conn_counts))
+        print(f"# Postgres {settings['server_version']}, fsync={settings['fsync']}, "
+              f"synchronous_commit={settings['synchronous_commit']}, "
+              f"data_checksums={settings.get('data_checksums')}, {os.cpu_count()} CPUs, "
+              f"{args.duration:g} s per variant and cell in {args.slices} alternating slices, "
+              f"psycopg {psycopg.__version__}\n")
+        print("| operation | c | floor ops/s | sql ops/s (ratio) | driver ops/s (ratio) "
+              "| p50 ms floor / sql / driver | p99 ms floor / sql / driver |")
+        print("|---|--:|--:|--:|--:|--:|--:|")
+        for op in OPS:
+            for c in conn_counts:
+                got = workers.cell(op, c, args.duration, args.slices)
+                floor = got["floor"][0]
+                print(f"| {op} | {c} | {floor:,.0f} "
+                      f"| {got['sql'][0]:,.0f} ({got['sql'][0] / floor:.2f}x) "
+                      f"| {got['driver'][0]:,.0f} ({got['driver'][0] / floor:.2f}x) "
+                      f"| {' / '.join(f'{got[v][1]:.2f}' for v in VARIANTS)} "
+                      f"| {' / '.join(f'{got[v][2]:.2f}' for v in VARIANTS)} |", flush=True)
+        workers.close()
+        workers = None
+        print("\n| operation | variant | WAL bytes/op | xids/op | commits/op |")
+        print("|---|---|--:|--:|--:|")
+        per_op = costs(dsn)
+        for (op, variant), v in per_op.items():
+            print(f"| {op} | {variant} | {v['wal_bytes']:,.0f} | {v['xids']:.2f} "
+                  f"| {v['commits']:.2f} |")
+        replay = per_op[("replay", "sql")]
+        ok = replay["xids"] == 0 and replay["wal_bytes"] < 1
+        print(f"\nreplay writes nothing: {'yes' if ok else 'NO'} "
+              f"(xids/op {replay['xids']:.2f}, WAL bytes/op {replay['wal_bytes']:.1f})")
+        print(f"total {time.monotonic() - began:.0f} s")
+    finally:
+        if workers is not None:
+            for p in workers.procs:
+                p.kill()
+        embedded.stop(server)
+        shutil.rmtree(tmp, ignore_errors=True)
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
