@@ -8,12 +8,13 @@ purge) and breaks exactly one argument, so a missing check shows up as a write.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
 import pytest
+from _db_helpers import cloned_database, reset_ledger
 
 from replaysafe_pg import InvalidArgument, Ledger
 
@@ -156,6 +157,30 @@ def snapshot(conn: psycopg.Connection[Any]) -> tuple[Any, ...]:
     """).fetchone()
     assert row is not None
     return tuple(row)
+
+
+@pytest.fixture(scope="module")
+def shared_dsn(admin_dsn: str, template_db: str) -> Iterator[str]:
+    with cloned_database(admin_dsn, template_db) as dsn:
+        yield dsn
+
+
+@pytest.fixture
+def conn(shared_dsn: str) -> Iterator[psycopg.Connection[Any]]:
+    with psycopg.connect(shared_dsn, autocommit=True) as c:
+        reset_ledger(c)
+        yield c
+
+
+@pytest.fixture
+def dsn(shared_dsn: str) -> str:
+    return shared_dsn
+
+
+@pytest.fixture
+def ledger(shared_dsn: str) -> Iterator[Ledger]:
+    with Ledger(shared_dsn, tenant_id="t1", worker_id="w1") as led:
+        yield led
 
 
 @pytest.fixture

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
+from _db_helpers import cloned_database
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -17,6 +19,15 @@ from replaysafe_pg import errors, queries
 from replaysafe_pg.keys import idempotency_key
 from replaysafe_pg.models import Action, ActionState, Attempt, Claim, ClaimOutcome, ReportOutcome
 from replaysafe_pg.schema import schema_sql
+
+
+@pytest.fixture(scope="module")
+def conn(admin_dsn: str, template_db: str) -> Iterator[psycopg.Connection[Any]]:
+    """Every test here only reads: one database for the module."""
+    with cloned_database(admin_dsn, template_db) as dsn, \
+            psycopg.connect(dsn, autocommit=True) as c:
+        yield c
+
 
 CALL = re.compile(r"replaysafe\.(\w+)\(")
 PARAM = re.compile(r"%\((\w+)\)s(?:::([\w\[\] ]+))?")

@@ -13,6 +13,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from _db_helpers import cloned_database, reset_ledger
 
 from replaysafe_pg import Ledger
 from replaysafe_pg.keys import idempotency_key
@@ -25,11 +26,30 @@ def at(seconds: float) -> datetime:
     return T0 + timedelta(seconds=seconds)
 
 
-@pytest.fixture
-def listener(dsn: str) -> Iterator[psycopg.Connection[Any]]:
-    with psycopg.connect(dsn, autocommit=True) as c:
+@pytest.fixture(scope="module")
+def shared_dsn(admin_dsn: str, template_db: str) -> Iterator[str]:
+    with cloned_database(admin_dsn, template_db) as dsn:
+        yield dsn
+
+
+@pytest.fixture(scope="module")
+def module_listener(shared_dsn: str) -> Iterator[psycopg.Connection[Any]]:
+    with psycopg.connect(shared_dsn, autocommit=True) as c:
         c.execute("LISTEN replaysafe_actions")
         yield c
+
+
+@pytest.fixture
+def listener(module_listener: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
+    reset_ledger(module_listener)
+    assert received(module_listener) == []
+    return module_listener
+
+
+@pytest.fixture
+def ledger(shared_dsn: str, listener: Any) -> Iterator[Ledger]:
+    with Ledger(shared_dsn, tenant_id="t1", worker_id="w1") as led:
+        yield led
 
 
 def received(listener: psycopg.Connection[Any]) -> list[tuple[str, str]]:

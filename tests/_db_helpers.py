@@ -1,0 +1,29 @@
+"""One cloned database shared by a test module (a clone per test costs ~0.3 s each), and a
+reset that empties the ledger between tests that share it."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+from psycopg import conninfo as pg_conninfo
+
+
+@contextlib.contextmanager
+def cloned_database(admin_dsn: str, template: str) -> Iterator[str]:
+    name = f"rs_mod_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(admin_dsn, autocommit=True) as c:
+        c.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+    try:
+        yield pg_conninfo.make_conninfo(admin_dsn, dbname=name)
+    finally:
+        with psycopg.connect(admin_dsn, autocommit=True) as c:
+            c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def reset_ledger(conn: psycopg.Connection[Any]) -> None:
+    conn.execute("DELETE FROM replaysafe.action_attempts; DELETE FROM replaysafe.actions; "
+                 "DELETE FROM replaysafe.role_bindings")
