@@ -119,7 +119,8 @@ def _cases() -> list[tuple[str, str, str, str]]:
     cases += [
         ("claim_actions", "p_action_keys", "ARRAY['', 'n2']", "p_action_key"),
         ("claim_actions", "p_action_keys", f"ARRAY['{LONG}', 'n2']", "p_action_key"),
-        ("claim_actions", "p_action_keys", "ARRAY[NULL, 'n2']::text[]", "p_action_key"),
+        ("claim_actions", "p_action_keys", "ARRAY[NULL, 'n2']::text[]",
+         "p_action_keys: must not contain NULL"),
         ("claim_actions", "p_action_keys", "ARRAY['n1', 'n1']", "p_action_keys"),
         ("claim_actions", "p_action_keys", "ARRAY['n1']", "p_action_keys"),
         ("claim_actions", "p_operations", "ARRAY['op', '']", "p_operation"),

@@ -439,6 +439,9 @@ BEGIN
         PERFORM replaysafe._invalid('p_action_keys',
             'p_action_keys, p_operations and p_requests must be arrays of equal length');
     END IF;
+    IF array_position(p_action_keys, NULL) IS NOT NULL THEN
+        PERFORM replaysafe._invalid('p_action_keys', 'must not contain NULL');
+    END IF;
     IF (SELECT count(DISTINCT k) FROM unnest(p_action_keys) k) <> n THEN
         PERFORM replaysafe._invalid('p_action_keys', 'must not repeat a key');
     END IF;
