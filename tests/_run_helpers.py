@@ -169,6 +169,11 @@ class Worker:
         result: dict[str, Any] = json.loads(self.expect("EXEC", timeout))
         return result
 
+    def send(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
     def kill(self) -> None:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(timeout=10)

@@ -10,14 +10,11 @@ import json
 import sys
 import time
 import urllib.request
-import warnings
 from typing import Any
 
-warnings.filterwarnings("ignore", module="platformdirs")
-
 import psycopg
-
 from _run_helpers import add_effect, execution_json
+
 from replaysafe_pg import Execution, Ledger
 
 
@@ -40,8 +37,9 @@ def storm(cfg: dict[str, Any]) -> None:
             time.sleep(cfg["hold"])
             return {"n": n, "by": cfg["worker"]}
 
-        led.get("warm-up")  # connect before the start line
-        time.sleep(max(0.0, cfg["start_at"] - time.time()))
+        led.get("warm-up")  # connected before the start line
+        say("READY")
+        sys.stdin.readline()
         report(led.run("storm", tool, {"n": 42}, key=cfg["key"], wait_timeout=30))
 
 

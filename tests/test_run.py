@@ -10,8 +10,8 @@ from typing import Any
 
 import psycopg
 import pytest
-
 from _run_helpers import action_row, attempt_rows
+
 from replaysafe_pg import (
     ActionNotSucceeded,
     Call,
