@@ -16,6 +16,12 @@ try:
     from opentelemetry import trace as _otel_trace
 except ImportError:  # pragma: no cover - depends on the environment
     _otel_trace = None  # type: ignore[assignment]
+    _NO_PROVIDERS: tuple[type, ...] = ()
+    _tracer: Any = None
+else:
+    # Until an SDK installs a provider, spans would be dropped anyway: skip them entirely.
+    _NO_PROVIDERS = (_otel_trace.ProxyTracerProvider, _otel_trace.NoOpTracerProvider)
+    _tracer = _otel_trace.get_tracer("replaysafe_pg")  # a proxy: follows a later provider
 
 
 class _NoSpan:
@@ -48,13 +54,12 @@ def key_hash(idempotency_key: str) -> str:
 
 @contextlib.contextmanager
 def _span(operation: str) -> Iterator[_Span]:
-    tracer = _otel_trace.get_tracer("replaysafe_pg")
-    with tracer.start_as_current_span("replaysafe.run " + operation) as span:
+    with _tracer.start_as_current_span("replaysafe.run " + operation) as span:
         span.set_attribute("replaysafe.operation", operation)
         yield _Span(span)
 
 
 def span(operation: str) -> contextlib.AbstractContextManager[_Span | _NoSpan]:
-    if _otel_trace is None:
+    if _otel_trace is None or isinstance(_otel_trace.get_tracer_provider(), _NO_PROVIDERS):
         return _NO_CONTEXT
     return _span(operation)

@@ -95,10 +95,16 @@ def as_call(value: Call | tuple[str, Callable[..., Any], dict[str, Any], str]) -
 
 # --- the tool --------------------------------------------------------------------------
 
-_accepts_cache: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+@dataclass(frozen=True, slots=True)
+class ToolInfo:
+    is_async: bool
+    accepts_key: bool  # takes an ``idempotency_key`` keyword
 
 
-def _compute_accepts(fn: Callable[..., Any]) -> bool:
+_tool_cache: weakref.WeakKeyDictionary[Any, ToolInfo] = weakref.WeakKeyDictionary()
+
+
+def _accepts_key(fn: Callable[..., Any]) -> bool:
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
@@ -108,29 +114,29 @@ def _compute_accepts(fn: Callable[..., Any]) -> bool:
     return p is not None and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
 
 
-def accepts_idempotency_key(fn: Callable[..., Any]) -> bool:
-    """Does ``fn`` take an ``idempotency_key`` keyword? Inspected once per function."""
-    target = getattr(fn, "__func__", fn)  # bound methods are new objects on every access
-    try:
-        return _accepts_cache[target]
-    except KeyError:
-        pass
-    except TypeError:  # not weak-referenceable (some builtins): inspect every time
-        return _compute_accepts(fn)
-    accepts = _compute_accepts(fn)
-    _accepts_cache[target] = accepts
-    return accepts
-
-
-def is_async_callable(fn: Callable[..., Any]) -> bool:
+def _is_async(fn: Callable[..., Any]) -> bool:
     while isinstance(fn, functools.partial):
         fn = fn.func
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
         getattr(fn, "__call__", None))  # noqa: B004 - async callable objects
 
 
+def tool_info(fn: Callable[..., Any]) -> ToolInfo:
+    """What ``run`` needs to know about a tool, inspected once per function."""
+    target = getattr(fn, "__func__", fn)  # bound methods are new objects on every access
+    try:
+        return _tool_cache[target]
+    except KeyError:
+        pass
+    except TypeError:  # not weak-referenceable (some builtins): inspect every time
+        return ToolInfo(_is_async(fn), _accepts_key(fn))
+    info = ToolInfo(_is_async(fn), _accepts_key(fn))
+    _tool_cache[target] = info
+    return info
+
+
 def tool_kwargs(args: dict[str, Any], fn: Callable[..., Any], idem_key: str) -> dict[str, Any]:
-    if "idempotency_key" not in args and accepts_idempotency_key(fn):
+    if "idempotency_key" not in args and tool_info(fn).accepts_key:
         return {**args, "idempotency_key": idem_key}
     return args
 

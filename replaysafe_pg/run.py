@@ -33,8 +33,8 @@ from replaysafe_pg.execution import (
     dump_error,
     dump_result,
     error_of,
-    is_async_callable,
     is_retryable,
+    tool_info,
     tool_kwargs,
 )
 from replaysafe_pg.models import ActionState, Claim, ClaimOutcome, ReportOutcome
@@ -75,7 +75,7 @@ def make_plan(ledger: _LedgerBase, operation: str, fn: Callable[..., Any], args:
               async_ok: bool) -> Plan:
     if not callable(fn):
         raise InvalidArgument(f"fn must be callable, got {type(fn).__name__}")
-    is_async = is_async_callable(fn)
+    is_async = tool_info(fn).is_async
     if is_async and not async_ok:
         raise InvalidArgument(
             f"fn {getattr(fn, '__qualname__', fn)!r} is a coroutine function: a sync Ledger "
