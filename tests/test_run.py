@@ -368,3 +368,29 @@ def test_a_span_per_run_with_hashed_key_outcome_and_replay(led: Ledger) -> None:
 def test_execution_is_a_plain_dataclass() -> None:
     ex = Execution("succeeded", 1, None, False, 1, "rs1_x", "k", "op")  # type: ignore[arg-type]
     assert ex.unwrap() == 1 and not ex.superseded
+
+
+def test_run_with_a_pool_waits_heartbeats_and_returns_connections_clean(dsn: str) -> None:
+    from psycopg_pool import ConnectionPool
+
+    with ConnectionPool(dsn, min_size=1, max_size=4, open=True) as pool:
+        owner = Ledger(pool, tenant_id="t1", worker_id="o")
+        waiter = Ledger(pool, tenant_id="t1", worker_id="w")
+        out: list[Execution] = []
+        import threading
+        waiting = threading.Thread(target=lambda: out.append(
+            waiter.run("p", Tool(), {}, key="k", wait_timeout=5)))
+
+        def tool() -> str:
+            waiting.start()
+            time.sleep(0.6)  # two heartbeats (lease 0.6 s) through pooled connections
+            return "pooled"
+
+        ex = owner.run("p", tool, {}, key="k", lease=0.6)
+        assert (ex.status, ex.outcome, ex.lease_lost) == ("succeeded", "recorded", False)
+        waiting.join(timeout=10)
+        assert (out[0].status, out[0].result, out[0].replay) == ("succeeded", "pooled", True)
+        with pool.connection() as c:
+            assert c.execute("SELECT count(*) FROM pg_listening_channels()").fetchone() == (0,)
+        owner.close()
+        waiter.close()
