@@ -1,9 +1,13 @@
 """Crash windows: worker processes SIGKILLed (or SIGSTOPped) at chosen points, a second
-worker resuming the same call, against a real HTTP payment provider on 127.0.0.1."""
+worker (its own Ledger and connections) resuming the same call, against a real HTTP
+payment provider on 127.0.0.1."""
 
 from __future__ import annotations
 
+import json
 import signal
+import threading
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,6 +18,7 @@ from _run_helpers import (
     action_row,
     attempt_rows,
     count_effects,
+    execution_json,
     make_effects_table,
 )
 
@@ -31,22 +36,46 @@ def provider() -> Iterator[Provider]:
     p.stop()
 
 
+def charge_tool(url: str) -> Any:
+    """What the worker process runs, for the resuming workers (threads of this process)."""
+    def charge(amount: int, idempotency_key: str) -> dict[str, Any]:
+        req = urllib.request.Request(url, data=json.dumps({"amount": amount}).encode(),
+                                     headers={"Idempotency-Key": idempotency_key,
+                                              "Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            body: dict[str, Any] = json.loads(resp.read())
+        return body
+    return charge
+
+
 def test_crash_windows_times_policies(dsn: str, provider: Provider) -> None:
     cases = [(w, p) for w in WINDOWS for p in POLICIES]
     common = {"mode": "charge", "dsn": dsn, "url": provider.url, "lease": LEASE}
     owners = {c: Worker(**common, key=f"{c[0]}:{c[1]}", worker="owner", on_expired=c[1], stop=c[0])
               for c in cases}
-    resumers: dict[tuple[str, str], Worker] = {}
     try:
         for (window, _), owner in owners.items():
             owner.expect(f"STOP {window}")
             owner.kill()
-        resumers = {c: Worker(**common, key=f"{c[0]}:{c[1]}", worker="resumer", on_expired=c[1])
-                    for c in cases}
-        got = {c: r.execution() for c, r in resumers.items()}
     finally:
-        for w in [*owners.values(), *resumers.values()]:
+        for w in owners.values():
             w.close()
+
+    # The resuming workers: one Ledger (own connections, own worker id) per case, at once.
+    got: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def resume(case: tuple[str, str]) -> None:
+        with Ledger(dsn, tenant_id="t1", worker_id=f"resumer-{case[0]}-{case[1]}") as led:
+            got[case] = execution_json(led.run(
+                "charge", charge_tool(provider.url), {"amount": 500}, key=f"{case[0]}:{case[1]}",
+                lease=LEASE, on_expired=case[1], wait_timeout=20))
+
+    threads = [threading.Thread(target=resume, args=(c,)) for c in cases]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert sorted(got) == sorted(cases)
 
     table = []
     for (window, policy), ex in got.items():
