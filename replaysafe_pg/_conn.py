@@ -27,6 +27,31 @@ def _usable(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any] | None)
     return conn is not None and not conn.closed and not conn.broken
 
 
+def execute_on(conn: psycopg.Connection[Any], query: LiteralString,
+               params: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
+    """One statement on ``conn``: joins an open transaction, else commits at once.
+    Statements without a result (LISTEN) answer ``[]``."""
+    with wrap_errors():
+        if conn.autocommit or conn.info.transaction_status != TransactionStatus.IDLE:
+            cur = conn.execute(query, params)
+            return cur.fetchall() if cur.description is not None else []
+        with conn.transaction():
+            cur = conn.execute(query, params)
+            return cur.fetchall() if cur.description is not None else []
+
+
+async def aexecute_on(conn: psycopg.AsyncConnection[Any], query: LiteralString,
+                      params: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
+    """See :func:`execute_on`."""
+    with wrap_errors():
+        if conn.autocommit or conn.info.transaction_status != TransactionStatus.IDLE:
+            cur = await conn.execute(query, params)
+            return await cur.fetchall() if cur.description is not None else []
+        async with conn.transaction():
+            cur = await conn.execute(query, params)
+            return await cur.fetchall() if cur.description is not None else []
+
+
 class SyncSource:
     def __init__(self, conninfo: Conninfo) -> None:
         self.dsn: str | None = conninfo if isinstance(conninfo, str) else None
@@ -36,6 +61,12 @@ class SyncSource:
             raise TypeError("expected a DSN, a psycopg Connection or a psycopg_pool ConnectionPool")
         self._own: psycopg.Connection[Any] | None = None
         self._lock = threading.Lock()
+
+    @property
+    def can_reconnect(self) -> bool:
+        """A DSN or a pool can hand out a fresh connection after one broke; a single given
+        connection cannot."""
+        return self._given is None
 
     def connect(self) -> psycopg.Connection[Any]:
         assert self.dsn is not None
@@ -95,6 +126,11 @@ class AsyncSource:
                 "expected a DSN, a psycopg AsyncConnection or a psycopg_pool AsyncConnectionPool")
         self._own: psycopg.AsyncConnection[Any] | None = None
         self._lock: asyncio.Lock | None = None
+
+    @property
+    def can_reconnect(self) -> bool:
+        """See :attr:`SyncSource.can_reconnect`."""
+        return self._given is None
 
     async def connect(self) -> psycopg.AsyncConnection[Any]:
         assert self.dsn is not None

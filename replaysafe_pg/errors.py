@@ -122,3 +122,37 @@ def wrap_errors() -> Iterator[None]:
         if domain is None:
             raise
         raise domain from exc
+
+
+# --- Errors of Ledger.run (client side: no SQLSTATE of their own) ----------------------
+
+class UnstorableResult(ReplaysafeError):
+    """The tool ran but its result cannot be stored as jsonb (not JSON, NaN, NUL, too large).
+
+    The action has been marked ``unknown`` (the effect happened, its result is lost to the
+    ledger), so it is never re-run automatically. ``.result`` holds what the tool returned.
+    """
+
+    def __init__(self, message: str, *, action_key: str, result: Any = None) -> None:
+        super().__init__(message)
+        self.action_key = action_key
+        self.result = result
+
+
+class OutcomeNotRecorded(ReplaysafeError):
+    """The tool ran, but its outcome could not be written to the ledger (the database stayed
+    unreachable through every retry). The action stays ``running`` until its lease runs out,
+    then becomes ``unknown``: it is never re-run blindly. ``.execution`` says what the tool did.
+    """
+
+    def __init__(self, message: str, *, execution: Any) -> None:
+        super().__init__(message)
+        self.execution = execution
+
+
+class ActionNotSucceeded(ReplaysafeError):
+    """Raised by ``Execution.unwrap()`` when the action did not succeed."""
+
+    def __init__(self, message: str, *, execution: Any) -> None:
+        super().__init__(message)
+        self.execution = execution

@@ -8,16 +8,21 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from replaysafe_pg import _json, queries
+from replaysafe_pg import _json, arun, queries, run
 from replaysafe_pg._conn import AsyncConninfo, AsyncSource, Conninfo, SyncSource
+from replaysafe_pg._heartbeat import Heartbeater
 from replaysafe_pg.errors import InvalidArgument
+from replaysafe_pg.execution import MAX_RESULT_BYTES, Execution, Retryable
 from replaysafe_pg.models import Action, ActionState, Attempt, Claim, ReportOutcome
 
 DEFAULT_LEASE = timedelta(seconds=30)
+DEFAULT_WAIT_TIMEOUT = run.DEFAULT_WAIT_TIMEOUT
 Lease = timedelta | float | int
+CallSpec = run.CallSpec
 
 
 def default_worker_id() -> str:
@@ -38,6 +43,8 @@ class _LedgerBase:
     def __init__(self, *, tenant_id: str, worker_id: str | None) -> None:
         self.tenant_id = tenant_id
         self.worker_id = worker_id or default_worker_id()
+        # run(): results whose JSON is larger are not stored (the action becomes unknown).
+        self.max_result_bytes = MAX_RESULT_BYTES
 
     def _key(self, action_key: str) -> dict[str, Any]:
         return {"tenant_id": self.tenant_id, "action_key": action_key}
@@ -120,9 +127,41 @@ class Ledger(_LedgerBase):
                  worker_id: str | None = None) -> None:
         super().__init__(tenant_id=tenant_id, worker_id=worker_id)
         self._source = SyncSource(conninfo)
+        self._heartbeats = Heartbeater(self._source)
 
     def close(self) -> None:
+        self._heartbeats.close()
         self._source.close()
+
+    def run(self, operation: str, fn: Callable[..., Any], args: dict[str, Any], *, key: str,
+            thread_id: str | None = None, lease: Lease = DEFAULT_LEASE,
+            on_expired: str = "unknown", wait_timeout: float = DEFAULT_WAIT_TIMEOUT,
+            timeout: float | None = None, retryable: Retryable = None) -> Execution:
+        """Run ``fn(**args)`` at most once for ``key``; see docs/run.md.
+
+        Claims the action; if it is ours, runs the tool (with heartbeats, passing
+        ``idempotency_key=`` when ``fn`` takes it) and records the outcome; if it is
+        recorded, returns it (``replay=True``); if another attempt runs it, waits for it up
+        to ``wait_timeout`` seconds (then ``status="running"``).
+        """
+        plan = run.make_plan(self, operation, fn, args, key, thread_id=thread_id, lease=lease,
+                             on_expired=on_expired, wait_timeout=wait_timeout, timeout=timeout,
+                             retryable=retryable, async_ok=False)
+        return run.run(self, plan)
+
+    def run_many(self, calls: Sequence[CallSpec], *, thread_id: str | None = None,
+                 lease: Lease = DEFAULT_LEASE, on_expired: str = "unknown",
+                 wait_timeout: float = DEFAULT_WAIT_TIMEOUT, timeout: float | None = None,
+                 retryable: Retryable = None, max_workers: int = 16) -> list[Execution]:
+        """The parallel tool calls of one model turn: ``(operation, fn, args, key)`` each.
+
+        All claims in one round trip; the claimed calls run in a thread pool and each is
+        recorded as soon as it returns. Executions come back in input order.
+        """
+        plans = run.make_plans(self, calls, thread_id=thread_id, lease=lease,
+                               on_expired=on_expired, wait_timeout=wait_timeout, timeout=timeout,
+                               retryable=retryable, async_ok=False)
+        return run.run_many(self, plans, max_workers)
 
     def __enter__(self) -> Ledger:
         return self
@@ -207,6 +246,26 @@ class AsyncLedger(_LedgerBase):
 
     async def close(self) -> None:
         await self._source.close()
+
+    async def run(self, operation: str, fn: Callable[..., Any], args: dict[str, Any], *,
+                  key: str, thread_id: str | None = None, lease: Lease = DEFAULT_LEASE,
+                  on_expired: str = "unknown", wait_timeout: float = DEFAULT_WAIT_TIMEOUT,
+                  timeout: float | None = None, retryable: Retryable = None) -> Execution:
+        """See :meth:`Ledger.run`; coroutine functions are awaited, plain ones run in a thread."""
+        plan = run.make_plan(self, operation, fn, args, key, thread_id=thread_id, lease=lease,
+                             on_expired=on_expired, wait_timeout=wait_timeout, timeout=timeout,
+                             retryable=retryable, async_ok=True)
+        return await arun.run(self, plan)
+
+    async def run_many(self, calls: Sequence[CallSpec], *, thread_id: str | None = None,
+                       lease: Lease = DEFAULT_LEASE, on_expired: str = "unknown",
+                       wait_timeout: float = DEFAULT_WAIT_TIMEOUT, timeout: float | None = None,
+                       retryable: Retryable = None) -> list[Execution]:
+        """See :meth:`Ledger.run_many`; the claimed calls run concurrently as tasks."""
+        plans = run.make_plans(self, calls, thread_id=thread_id, lease=lease,
+                               on_expired=on_expired, wait_timeout=wait_timeout, timeout=timeout,
+                               retryable=retryable, async_ok=True)
+        return await arun.run_many(self, plans)
 
     async def __aenter__(self) -> AsyncLedger:
         return self

@@ -19,13 +19,13 @@ import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import sqlalchemy as sa
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from sqlalchemy.engine import Connection, Engine
+# alembic and SQLAlchemy are imported where they are used: importing them costs about a
+# second, which every worker process that only needs the driver would pay at start-up.
+if TYPE_CHECKING:
+    from alembic.config import Config
+    from sqlalchemy.engine import Connection, Engine
 
 SCHEMA = "replaysafe"
 VERSION_TABLE = "alembic_version"
@@ -67,6 +67,8 @@ def sqlalchemy_url(dsn: str) -> str:
 
 
 def alembic_config(dsn: str | None = None) -> Config:
+    from alembic.config import Config
+
     cfg = Config()
     cfg.set_main_option("script_location", str(migrations_dir()))
     if dsn:
@@ -78,6 +80,7 @@ def run_revision_sql(revision_file: str, name: str, connection: Connection | Non
     """Run a revision's SQL file: on ``connection``, or through alembic's ``op`` (offline)."""
     sql = (Path(revision_file).resolve().parent / name).read_text(encoding="utf-8")
     if connection is None:
+        import sqlalchemy as sa
         from alembic import op
 
         op.execute(sa.text(sql.replace(":", r"\:")))
@@ -89,6 +92,8 @@ def run_revision_sql(revision_file: str, name: str, connection: Connection | Non
 
 
 def _lock_and_prepare(connection: Connection) -> None:
+    import sqlalchemy as sa
+
     connection.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATION_LOCK_KEY})
     connection.execute(sa.text(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}"))
 
@@ -102,6 +107,9 @@ def _context_opts() -> dict[str, Any]:
 
 
 def _run(connection: Connection, destination: str, *, downgrade: bool) -> None:
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
     script = ScriptDirectory.from_config(alembic_config())
 
     def steps(rev: Any, _context: Any) -> Any:
@@ -119,6 +127,9 @@ def _run(connection: Connection, destination: str, *, downgrade: bool) -> None:
 
 @contextlib.contextmanager
 def _connection(target: str | Connection | Engine) -> Iterator[Connection]:
+    import sqlalchemy as sa
+    from sqlalchemy.engine import Connection, Engine
+
     if isinstance(target, Connection):
         if target.in_transaction():
             yield target
@@ -152,12 +163,16 @@ def downgrade(target: str | Connection | Engine, revision: str = "base") -> None
 
 def current_revision(target: str | Connection | Engine) -> str | None:
     """The installed revision, or None when the schema was never migrated."""
+    from alembic.runtime.migration import MigrationContext
+
     with _connection(target) as conn:
         ctx = MigrationContext.configure(conn, opts=_context_opts())
         return ctx.get_current_revision()
 
 
 def head_revision() -> str:
+    from alembic.script import ScriptDirectory
+
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
     assert head is not None
     return head
@@ -165,6 +180,8 @@ def head_revision() -> str:
 
 def run_from_alembic_env(context: Any) -> None:
     """Body of ``migrations/env.py`` (``alembic upgrade head`` with our alembic.ini)."""
+    import sqlalchemy as sa
+
     config = context.config
     dsn = (context.get_x_argument(as_dictionary=True).get("dsn")
            or os.environ.get("REPLAYSAFE_DSN")

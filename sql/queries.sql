@@ -33,3 +33,11 @@ SELECT tenant_id, action_key, thread_id, operation, state, attempt, on_expired, 
 
 -- name: list_attempts --
 SELECT tenant_id, action_key, attempt, worker_id, claimed_at, ended_at, outcome, superseded, error, result, provider_reference FROM replaysafe.action_attempts_v WHERE tenant_id = %(tenant_id)s AND action_key = %(action_key)s ORDER BY attempt
+
+-- name: listen_actions --
+-- Ledger.run waits for an action's owner: the channel every report notifies (payload: the
+-- action's idempotency_key), LISTENed before claiming again so no wake-up is missed.
+LISTEN replaysafe_actions
+
+-- name: unlisten_actions --
+UNLISTEN replaysafe_actions

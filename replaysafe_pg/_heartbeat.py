@@ -1,0 +1,150 @@
+"""Background heartbeats for the actions a sync ``Ledger.run`` is executing.
+
+One daemon thread per ledger serves every running action: registering an action costs a
+heap push, and nothing is sent for tools that return before a third of their lease. The
+thread opens its own connection (from a DSN) only when a heartbeat is due, so a heartbeat
+never waits behind the records and claims on the ledger's connection.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import math
+import threading
+import time
+from typing import Any
+
+import psycopg
+
+from replaysafe_pg import queries
+from replaysafe_pg._conn import SyncSource, execute_on
+from replaysafe_pg.errors import LeaseLost
+
+log = logging.getLogger("replaysafe_pg.run")
+
+RETRY_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError)
+
+
+class Ticket:
+    """One running attempt. ``lease_lost`` is set when a heartbeat finds the lease gone."""
+
+    __slots__ = ("action_key", "attempt", "done", "interval", "lease_lost", "params", "recording")
+
+    def __init__(self, action_key: str, attempt: int, params: dict[str, Any], interval: float) -> None:
+        self.action_key = action_key
+        self.attempt = attempt
+        self.params = params
+        self.interval = interval
+        self.done = False
+        # While the outcome is being written a lost lease is reported by the write itself.
+        self.recording = False
+        self.lease_lost = False
+
+
+def lease_lost_warning(action_key: str, attempt: int, how: str) -> None:
+    log.warning("attempt %d of action %r lost its lease (%s): another attempt may run or may have "
+                "run it; this attempt's report cannot overwrite that outcome", attempt, action_key, how)
+
+
+class Heartbeater:
+    def __init__(self, source: SyncSource) -> None:
+        self._source = source
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int, Ticket]] = []
+        self._seq = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._wake_at = math.inf
+        self._closed = False
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def start(self, action_key: str, attempt: int, params: dict[str, Any],
+              lease_seconds: float) -> Ticket:
+        ticket = Ticket(action_key, attempt, params, lease_seconds / 3)
+        due = time.monotonic() + ticket.interval
+        with self._cond:
+            if self._closed:
+                return ticket
+            heapq.heappush(self._heap, (due, next(self._seq), ticket))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="replaysafe-heartbeat",
+                                                daemon=True)
+                self._thread.start()
+            elif due < self._wake_at:
+                self._cond.notify()
+        return ticket
+
+    @staticmethod
+    def stop(ticket: Ticket) -> None:
+        ticket.done = True  # dropped from the heap when it comes up
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5)
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _next_due(self) -> list[Ticket] | None:
+        with self._cond:
+            while True:
+                if self._closed:
+                    return None
+                while self._heap and self._heap[0][2].done:
+                    heapq.heappop(self._heap)
+                now = time.monotonic()
+                if self._heap and self._heap[0][0] <= now:
+                    break
+                self._wake_at = self._heap[0][0] if self._heap else math.inf
+                self._cond.wait(None if not self._heap else self._heap[0][0] - now)
+            self._wake_at = -math.inf  # busy: the loop looks at the heap again before sleeping
+            due: list[Ticket] = []
+            while self._heap and self._heap[0][0] <= now:
+                ticket = heapq.heappop(self._heap)[2]
+                if not ticket.done:
+                    due.append(ticket)
+            return due
+
+    def _loop(self) -> None:
+        while (due := self._next_due()) is not None:
+            for ticket in due:
+                delay = self._beat(ticket)
+                if delay is not None and not ticket.done:
+                    with self._cond:
+                        heapq.heappush(self._heap,
+                                       (time.monotonic() + delay, next(self._seq), ticket))
+
+    def _execute(self, params: dict[str, Any]) -> None:
+        query = queries.get("heartbeat_action")
+        if self._source.dsn is None:
+            self._source.execute(query, params)  # a pool lends one per beat; a given connection is shared
+            return
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            self._conn = self._source.connect()
+        execute_on(self._conn, query, params)
+
+    def _beat(self, ticket: Ticket) -> float | None:
+        """Heartbeat once; seconds until the next one, or None to stop."""
+        try:
+            self._execute(ticket.params)
+        except LeaseLost:
+            ticket.lease_lost = True
+            if not ticket.recording and not ticket.done:
+                lease_lost_warning(ticket.action_key, ticket.attempt, "heartbeat refused")
+            return None
+        except RETRY_ERRORS as exc:
+            log.warning("heartbeat for action %r (attempt %d) failed, retrying: %s",
+                        ticket.action_key, ticket.attempt, exc)
+            if self._conn is not None and (self._conn.closed or self._conn.broken):
+                self._conn = None
+            return ticket.interval / 2
+        except Exception:
+            log.exception("heartbeat for action %r (attempt %d) failed", ticket.action_key,
+                          ticket.attempt)
+            return ticket.interval / 2
+        return ticket.interval
