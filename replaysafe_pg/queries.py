@@ -28,3 +28,13 @@ def all_queries() -> dict[str, LiteralString]:
 
 def get(name: str) -> LiteralString:
     return all_queries()[name]
+
+
+@cache
+def _file(filename: str) -> dict[str, LiteralString]:
+    return parse((sql_dir() / filename).read_text(encoding="utf-8"))
+
+
+def cli(name: str) -> LiteralString:
+    """A query of the command line (``sql/cli.sql``)."""
+    return _file("cli.sql")[name]
