@@ -8,6 +8,7 @@ running; :func:`stop` ends it by PID.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import signal
@@ -79,9 +80,12 @@ def stop_pid(pid: int | None, timeout: float = 15.0) -> None:
 
 def stop(server: EmbeddedServer) -> None:
     stop_pid(server.pid)
-    # Forget the cached handle, so a later start() in this process starts the server again.
+    # Forget the cached handle, so a later start() in this process starts the server again
+    # (and its exit hook does not look for it any more).
     module = _import_embedded()
-    module.PostgresServer._instances.pop(server.pgdata, None)  # type: ignore[attr-defined]
+    handle = module.PostgresServer._instances.pop(server.pgdata, None)  # type: ignore[attr-defined]
+    if handle is not None:
+        atexit.unregister(handle._cleanup)
 
 
 def running_pid(pgdata: Path) -> int | None:

@@ -6,7 +6,7 @@ import re
 from functools import cache
 from typing import LiteralString, cast
 
-from replaysafe_pg.schema import sql_dir
+from replaysafe_pg._paths import sql_dir
 
 _MARKER = re.compile(r"^-- name: (\w+) --$", re.MULTILINE)
 

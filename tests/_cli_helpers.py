@@ -39,3 +39,26 @@ def assert_one_line_error(result: Result, *fragments: str) -> None:
     assert "Traceback" not in result.output
     for fragment in fragments:
         assert fragment in err, (fragment, err)
+
+
+def console_script() -> str:
+    """The installed ``replaysafe-pg`` entry point next to this interpreter."""
+    import shutil
+    import sys
+    from pathlib import Path
+
+    candidate = Path(sys.executable).parent / "replaysafe-pg"
+    found = str(candidate) if candidate.exists() else shutil.which("replaysafe-pg")
+    assert found, "the replaysafe-pg console script is not installed (pip install -e .)"
+    return found
+
+
+def script_env(**extra: str) -> dict[str, str]:
+    """Environment for the console script: this checkout's package, no inherited DSN."""
+    import os
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k != "REPLAYSAFE_DSN"}
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env | extra

@@ -11,6 +11,7 @@ import pytest
 from _cli_helpers import assert_one_line_error, at, run, run_json
 
 import replaysafe_pg
+import replaysafe_pg.schema
 from replaysafe_pg import Ledger
 from replaysafe_pg.cli import parse_duration
 
