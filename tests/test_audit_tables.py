@@ -68,3 +68,47 @@ def test_composed_audit_queries(dsn: str, engine: sa.Engine) -> None:
             .group_by(a.c.action_key).order_by(a.c.action_key)).all()
         assert [tuple(r) for r in joined] == [("a", 1), ("b", 1)]
         assert conn.execute(sa.select(audit.multi_effect_actions)).all() == []
+
+
+def _doc_blocks(language: str) -> list[str]:
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "audit.md").read_text(encoding="utf-8")
+    return re.findall(rf"```{language}\n(.*?)```", text, re.DOTALL)
+
+
+def test_the_documented_audit_queries_run(dsn: str, engine: sa.Engine) -> None:
+    with Ledger(dsn, tenant_id="acme", worker_id="w1") as led:
+        led.claim("twice", "refund", {"order_id": "o_1"}, lease=timedelta(seconds=30),
+                  on_expired="reclaim", thread_id="th_1", now=at(0))
+        c2 = led.claim("twice", "refund", {"order_id": "o_1"}, lease=timedelta(seconds=30),
+                       on_expired="reclaim", thread_id="th_1", now=at(60))
+        led.complete("twice", c2.attempt, {"ok": 2}, now=at(61))
+        led.complete("twice", 1, {"ok": 1}, now=at(62))
+        led.claim("lost", "refund", {"order_id": "o_2"}, lease=timedelta(seconds=30), now=at(0))
+        led.claim("lost", "refund", {"order_id": "o_2"}, lease=timedelta(seconds=30), now=at(60))
+    blocks = _doc_blocks("sql")
+    assert len(blocks) >= 8
+    with engine.connect() as conn:
+        driver = conn.connection.driver_connection
+        assert driver is not None
+        for sql in blocks:
+            driver.execute(sql).fetchall()
+        multi = driver.execute(blocks[1]).fetchall()
+        assert multi == [("acme", "twice", "refund", 2, ["w1", "w1"])]
+    # The Python block: build every query against the real database (but its own engine).
+    (python,) = _doc_blocks("python")
+    namespace: dict[str, object] = {}
+    exec(python.split("with engine.connect()")[0].replace(
+        'sa.create_engine("postgresql+psycopg://auditor@db/app")', "ENGINE"),
+        {"ENGINE": engine} | namespace, namespace)
+    with engine.connect() as conn:
+        stale = conn.execute(namespace["stale_unknown"]).all()  # type: ignore[call-overload]
+        assert [r.action_key for r in stale] == ["lost"]
+        assert conn.execute(namespace["needs_attention"]).all()  # type: ignore[call-overload]
+        assert conn.execute(namespace["retries"]).all()  # type: ignore[call-overload]
+        conn.execute(sa.text("CREATE TEMP TABLE orders (id text, customer text)"))
+        conn.execute(sa.text("INSERT INTO orders VALUES ('o_1', 'ada')"))
+        refunded = conn.execute(namespace["refunded_twice"]).all()  # type: ignore[call-overload]
+        assert [tuple(r) for r in refunded] == [("ada", "twice")]
