@@ -16,6 +16,7 @@ import json
 import re
 import signal
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -30,7 +31,7 @@ from psycopg.rows import dict_row
 from replaysafe_pg import _cli_render as render
 from replaysafe_pg import queries, schema
 from replaysafe_pg._cli_db import ConnectError, Database, first_line
-from replaysafe_pg.errors import ReplaysafeError, translate, wrap_errors
+from replaysafe_pg.errors import ReplaysafeError, SchemaNotInstalled, translate, wrap_errors
 from replaysafe_pg.ledger import Ledger
 from replaysafe_pg.models import ActionState
 
@@ -151,8 +152,10 @@ def main(ctx: click.Context) -> None:
     """replaysafe_pg: replay-safe side effects for AI agents, enforced in Postgres."""
     state = _state(ctx)
     ctx.call_on_close(state.close)
-    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+    if (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL):
         signal.signal(signal.SIGTERM, _on_sigterm)
+        ctx.call_on_close(lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
 
 
 # --- shared helpers ------------------------------------------------------------------------
@@ -553,6 +556,9 @@ def demo(ctx: click.Context, lease: float) -> None:
     from replaysafe_pg.demo import run_demo
 
     state = _state(ctx)
+    if schema.current_revision(state.db.dsn()) != schema.head_revision():
+        raise SchemaNotInstalled("the replaysafe schema is missing or outdated in this database: "
+                                 "run `replaysafe-pg migrate` first")
     report = run_demo(state.db.dsn(), lease=timedelta(seconds=lease),
                       say=(lambda _text: None) if state.json else click.echo)
     if state.json:

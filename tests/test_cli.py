@@ -284,7 +284,8 @@ def test_unreachable_server_is_one_clear_line() -> None:
 
 def test_schema_not_migrated_is_one_clear_line(empty_dsn: str) -> None:
     for args in (["actions", "list"], ["audit"], ["actions", "show", "k"], ["sweep"],
-                 ["resolve", "k", "--state", "failed"], ["purge", "--older-than", "1d"]):
+                 ["resolve", "k", "--state", "failed"], ["purge", "--older-than", "1d"],
+                 ["demo"]):
         assert_one_line_error(run(*args, dsn=empty_dsn), "replaysafe-pg migrate")
 
 

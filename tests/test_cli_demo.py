@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 from pathlib import Path
 
+import psutil
 import psycopg
 from _cli_helpers import console_script, run, script_env
 
@@ -24,6 +26,34 @@ def test_installed_console_script_demo_shows_one_refund_with_the_ledger_two_with
     assert "ledger claim -> unknown" in out and "refund_order is NOT run again" in out
     assert "unresolved_actions: 0 row(s); multi_effect_actions: 0 row(s)" in out
     assert "Traceback" not in proc.stderr
+    assert _agent_processes() == []
+
+
+def _agent_processes() -> list[int]:
+    found = []
+    for p in psutil.process_iter(attrs=["pid", "cmdline"]):
+        if "replaysafe_pg._demo_agent" in " ".join(p.info["cmdline"] or []):
+            found.append(p.info["pid"])
+    return found
+
+
+def test_demo_interrupted_by_sigterm_leaves_no_worker_behind(dsn: str) -> None:
+    proc = subprocess.Popen([console_script(), "demo", "--dsn", dsn], env=script_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if "resumes the thread" in line:  # worker-2 is alive, waiting for the lease
+                break
+        else:
+            raise AssertionError(proc.stderr.read() if proc.stderr else "no output")
+        assert _agent_processes(), "worker-2 should be running now"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert _agent_processes() == []
 
 
 def test_demo_json_report_and_what_it_leaves_in_the_database(dsn: str) -> None:
