@@ -1,5 +1,7 @@
 """replaysafe_pg: replay-safe side effects for AI agents, enforced in Postgres."""
 
+from typing import TYPE_CHECKING, Any
+
 from replaysafe_pg.errors import (
     AccessDenied,
     ActionNotSucceeded,
@@ -23,7 +25,6 @@ from replaysafe_pg.models import (
     ClaimOutcome,
     ReportOutcome,
 )
-from replaysafe_pg.schema import current_revision, downgrade, migrate
 
 __all__ = [
     "AccessDenied",
@@ -54,3 +55,19 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+
+# The migration functions load alembic and SQLAlchemy (most of a worker's start-up time):
+# import them on first use only.
+if TYPE_CHECKING:
+    from replaysafe_pg.schema import current_revision, downgrade, migrate
+
+_LAZY = {"current_revision", "downgrade", "migrate"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        from replaysafe_pg import schema
+
+        return getattr(schema, name)
+    raise AttributeError(f"module 'replaysafe_pg' has no attribute {name!r}")

@@ -1,17 +1,565 @@
-"""The ``replaysafe-pg`` command."""
+"""The ``replaysafe-pg`` command.
+
+Every subcommand accepts the global options (``--dsn``, ``--pgdata``, ``--ephemeral``,
+``--json``, ``--debug``) before or after its name. Without a DSN an embedded Postgres is
+started and migrated (see :mod:`replaysafe_pg._cli_db`).
+
+Exit status: 0 success; 1 ``audit`` found rows that need attention (or ``doctor`` found a
+problem); 2 an error (one line on stderr; ``--debug`` shows the traceback).
+"""
 
 from __future__ import annotations
 
+import functools
+import io
+import json
+import re
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
 import click
+import psycopg
+import sqlalchemy.exc
+from psycopg.rows import dict_row
+
+from replaysafe_pg import _cli_render as render
+from replaysafe_pg import queries, schema
+from replaysafe_pg._cli_db import ConnectError, Database, first_line
+from replaysafe_pg.errors import ReplaysafeError, SchemaNotInstalled, translate, wrap_errors
+from replaysafe_pg.ledger import Ledger
+from replaysafe_pg.models import ActionState
+
+EXIT_ATTENTION = 1
+EXIT_ERROR = 2
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
-@click.group()
-def main() -> None:
+class CliError(click.ClickException):
+    """One line on stderr and exit status 2."""
+
+    exit_code = EXIT_ERROR
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"replaysafe-pg: error: {self.format_message()}", err=True)
+
+
+class NotFound(Exception):
+    pass
+
+
+@dataclass
+class State:
+    dsn: str | None = None
+    pgdata: Path | None = None
+    ephemeral: bool = False
+    json: bool = False
+    debug: bool = False
+    _db: Database | None = field(default=None, repr=False)
+
+    @property
+    def db(self) -> Database:
+        if self._db is None:
+            self._db = Database(dsn=self.dsn, pgdata=self.pgdata, ephemeral=self.ephemeral,
+                                notice=lambda text: click.echo(text, err=True))
+        return self._db
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+
+
+def _state(ctx: click.Context) -> State:
+    return ctx.find_root().ensure_object(State)
+
+
+def _set(attr: str) -> Callable[[click.Context, click.Parameter, Any], None]:
+    def callback(ctx: click.Context, _param: click.Parameter, value: Any) -> None:
+        # Flags given before or after the subcommand's name both count.
+        if value is not None and value is not False:
+            setattr(_state(ctx), attr, value)
+    return callback
+
+
+def global_options(f: F) -> F:
+    options = [
+        click.option("--dsn", envvar="REPLAYSAFE_DSN", expose_value=False, callback=_set("dsn"),
+                     help="Database to use (libpq URI or key=value). Env: REPLAYSAFE_DSN. "
+                          "Without it an embedded Postgres is started."),
+        click.option("--pgdata", type=click.Path(file_okay=False, path_type=Path),
+                     expose_value=False, callback=_set("pgdata"),
+                     help="Data directory of the embedded Postgres (default: a per-user dir)."),
+        click.option("--ephemeral", is_flag=True, default=False, expose_value=False,
+                     callback=_set("ephemeral"),
+                     help="Use a throwaway embedded Postgres, deleted at exit."),
+        click.option("--json", "json_", is_flag=True, default=False, expose_value=False,
+                     callback=_set("json"), help="Machine-readable JSON on stdout."),
+        click.option("--debug", is_flag=True, default=False, expose_value=False,
+                     callback=_set("debug"), help="Show tracebacks."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def describe(exc: BaseException) -> str:
+    """One line saying what went wrong, for an exception that escaped a command."""
+    if isinstance(exc, sqlalchemy.exc.DBAPIError) and isinstance(exc.orig, BaseException):
+        exc = exc.orig
+    if isinstance(exc, psycopg.Error):
+        domain = translate(exc)
+        if domain is not None:
+            exc = domain
+        elif isinstance(exc, psycopg.OperationalError):
+            return f"database connection failed: {first_line(exc)}"
+        else:
+            code = f" (SQLSTATE {exc.sqlstate})" if exc.sqlstate else ""
+            return f"database error: {first_line(exc)}{code}"
+    if isinstance(exc, ConnectError | NotFound):
+        return str(exc)
+    if isinstance(exc, ReplaysafeError):
+        return f"{type(exc).__name__}: {first_line(exc)}"
+    return f"{type(exc).__name__}: {first_line(exc)} (run with --debug for the traceback)"
+
+
+class _Group(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except Exception as exc:
+            if _state(ctx).debug:
+                raise
+            raise CliError(describe(exc)) from None
+
+
+def _on_sigterm(_signum: int, _frame: Any) -> NoReturn:
+    # Unwind normally, so an embedded server we started is stopped and removed.
+    raise SystemExit(128 + signal.SIGTERM)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@global_options
+@click.pass_context
+def main(ctx: click.Context) -> None:
     """replaysafe_pg: replay-safe side effects for AI agents, enforced in Postgres."""
+    state = _state(ctx)
+    ctx.call_on_close(state.close)
+    if (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL):
+        signal.signal(signal.SIGTERM, _on_sigterm)
+        ctx.call_on_close(lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
+
+
+# --- shared helpers ------------------------------------------------------------------------
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(w|d|h|m|s)")
+_UNIT_SECONDS = {"w": 604800, "d": 86400, "h": 3600, "m": 60, "s": 1}
+
+
+def parse_duration(text: str) -> timedelta:
+    """``7d``, ``2h``, ``30m``, ``1d12h``, ``90s``, ``2w`` as a timedelta."""
+    compact = text.strip().lower()
+    parts = _DURATION_PART.findall(compact)
+    if not parts or _DURATION_PART.sub("", compact).strip():
+        raise ValueError(f"{text!r} is not a duration like 7d, 2h, 30m, 1d12h")
+    return timedelta(seconds=sum(float(n) * _UNIT_SECONDS[u] for n, u in parts))
+
+
+class Duration(click.ParamType):  # type: ignore[type-arg]  # generic only in newer click
+    name = "duration"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> timedelta:
+        if isinstance(value, timedelta):
+            return value
+        try:
+            return parse_duration(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class JsonValue(click.ParamType):  # type: ignore[type-arg]
+    name = "json"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if not isinstance(value, str):
+            return value
+        try:
+            return json.loads(value)
+        except ValueError as exc:
+            self.fail(f"not valid JSON: {exc}", param, ctx)
+
+
+def _emit(ctx: click.Context, human: str | Callable[[], str], data: Any) -> None:
+    if _state(ctx).json:
+        click.echo(render.dumps(data))
+    else:
+        click.echo(human() if callable(human) else human)
+
+
+def _rows(conn: psycopg.Connection[Any], name: str,
+          params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    with wrap_errors(), conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(queries.cli(name), params or {}).fetchall()
+
+
+def _with_conn(f: Callable[..., Any]) -> Callable[..., Any]:
+    """Pass an open autocommit connection to the database as ``conn``."""
+    @functools.wraps(f)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        ctx = click.get_current_context()
+        with _state(ctx).db.connection() as conn:
+            return f(*args, conn=conn, **kwargs)
+    return wrapper
+
+
+_TENANT_ALL = click.option("--tenant", "tenant_id", default=None, metavar="TENANT",
+                           help="Only this tenant (default: every tenant you may read).")
+_TENANT_ONE = click.option("--tenant", "tenant_id", default="default", show_default=True,
+                           metavar="TENANT", help="The tenant the action or thread belongs to.")
+
+
+# --- migrate --------------------------------------------------------------------------------
+
+@main.group(cls=_Group, invoke_without_command=True)
+@global_options
+@click.option("--sql", "print_sql", is_flag=True,
+              help="Print the SQL of the upgrade instead of running it (needs no database).")
+@click.option("--revision", default="head", show_default=True, help="Target revision.")
+@click.pass_context
+def migrate(ctx: click.Context, print_sql: bool, revision: str) -> None:
+    """Upgrade the replaysafe schema (``migrate current`` shows the installed revision)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if print_sql:
+        click.echo(offline_sql(revision), nl=False)
+        return
+    state = _state(ctx)
+    with state.db.connection():
+        pass  # a clear error for a bad DSN before alembic wraps it
+    dsn = state.db.dsn()
+    before = schema.current_revision(dsn)
+    schema.migrate(dsn, revision)
+    after = schema.current_revision(dsn)
+    human = (f"already at {after}" if before == after
+             else f"migrated from {before or 'nothing'} to {after}")
+    _emit(ctx, human, {"before": before, "after": after, "head": schema.head_revision()})
+
+
+def offline_sql(revision: str = "head") -> str:
+    from alembic import command
+
+    # Offline mode needs a dialect, not a server: the URL is never connected to.
+    cfg = schema.alembic_config("postgresql://offline")
+    buffer = io.StringIO()
+    cfg.output_buffer = buffer
+    command.upgrade(cfg, revision, sql=True)
+    return buffer.getvalue()
+
+
+@migrate.command("current")
+@global_options
+@click.pass_context
+def migrate_current(ctx: click.Context) -> None:
+    """Show the installed schema revision and the newest one."""
+    state = _state(ctx)
+    with state.db.connection():
+        pass
+    current = schema.current_revision(state.db.dsn())
+    head = schema.head_revision()
+    if current is None:
+        human = f"not installed (head is {head}): run `replaysafe-pg migrate`"
+    elif current == head:
+        human = f"{current} (head)"
+    else:
+        human = f"{current} (head is {head}): run `replaysafe-pg migrate`"
+    _emit(ctx, human, {"current": current, "head": head, "up_to_date": current == head})
+
+
+# --- doctor ---------------------------------------------------------------------------------
+
+@main.command()
+@global_options
+@click.pass_context
+@_with_conn
+def doctor(ctx: click.Context, conn: psycopg.Connection[Any]) -> None:
+    """Check the connection, schema revision, group roles, row-level security."""
+    info = _rows(conn, "server_info")[0]
+    checks: list[dict[str, Any]] = [{
+        "check": "connection", "ok": True,
+        "detail": f"{info['role']}@{info['database']}, PostgreSQL {info['server_version']}"}]
+    current = schema.current_revision(_state(ctx).db.dsn())
+    head = schema.head_revision()
+    checks.append({"check": "schema revision", "ok": current == head,
+                   "detail": f"{current or 'not installed'} (head {head})"
+                   + ("" if current == head else ": run `replaysafe-pg migrate`")})
+    for role in _rows(conn, "group_roles"):
+        checks.append({"check": f"role {role['name']}", "ok": role["present"],
+                       "detail": "exists" if role["present"] else "missing (the migrating role "
+                       "could not create roles; create it and migrate again)"})
+    counts: dict[str, int] = {}
+    if current is not None:
+        for table in _rows(conn, "table_rls"):
+            checks.append({"check": f"row-level security on {table['table_name']}",
+                           "ok": table["rls_enabled"],
+                           "detail": "enabled" if table["rls_enabled"] else "DISABLED"})
+        counts = {r["state"]: r["actions"] for r in _rows(conn, "counts_by_state")}
+    ok = all(c["ok"] for c in checks)
+
+    def human() -> str:
+        lines = [f"{'ok  ' if c['ok'] else 'FAIL'}  {c['check']}: {c['detail']}" for c in checks]
+        if current is not None:
+            states = [s.value for s in ActionState]
+            lines.append("actions by state: " + ", ".join(f"{s} {counts.get(s, 0)}" for s in states))
+        return "\n".join(lines)
+
+    _emit(ctx, human, {"ok": ok, "checks": checks, "counts": counts,
+                       "revision": current, "head": head})
+    if not ok:
+        ctx.exit(EXIT_ATTENTION)
+
+
+# --- actions --------------------------------------------------------------------------------
+
+@main.group(cls=_Group)
+@global_options
+def actions() -> None:
+    """List and inspect actions."""
+
+
+_LIST_COLUMNS = ["tenant_id", "action_key", "operation", "state", "attempt", "thread_id",
+                 "created_at", "updated_at"]
+
+
+@actions.command("list")
+@global_options
+@_TENANT_ALL
+@click.option("--state", "states", multiple=True,
+              type=click.Choice([s.value for s in ActionState]), help="Only these states (repeatable).")
+@click.option("--operation", default=None, help="Only this operation.")
+@click.option("--thread", "thread_id", default=None, help="Only actions of this thread.")
+@click.option("--older-than", type=Duration(), default=None,
+              help="Only actions created longer ago than this (7d, 2h, 30m).")
+@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
+@click.pass_context
+@_with_conn
+def actions_list(ctx: click.Context, conn: psycopg.Connection[Any], tenant_id: str | None,
+                 states: tuple[str, ...], operation: str | None, thread_id: str | None,
+                 older_than: timedelta | None, limit: int) -> None:
+    """List actions, newest first."""
+    rows = _rows(conn, "list_actions", {
+        "tenant_id": tenant_id, "states": list(states), "operation": operation,
+        "thread_id": thread_id, "older_than": older_than, "limit": limit})
+    _emit(ctx, lambda: render.table(rows, _LIST_COLUMNS) if rows else "no actions", rows)
+
+
+@actions.command("show")
+@global_options
+@click.argument("key")
+@_TENANT_ONE
+@click.pass_context
+@_with_conn
+def actions_show(ctx: click.Context, conn: psycopg.Connection[Any], key: str,
+                 tenant_id: str) -> None:
+    """Show one action and all its attempts."""
+    ledger = Ledger(conn, tenant_id=tenant_id)
+    action = ledger.get(key)
+    if action is None:
+        raise NotFound(f"no action {key} for tenant {tenant_id}")
+    attempts = ledger.attempts(key)
+
+    def human() -> str:
+        pairs = [(f.replace("_", " "), getattr(action, f)) for f in action.__slots__]
+        text = render.fields(pairs)
+        rows = [render.jsonable(a) | {"outcome": a.outcome} for a in attempts]
+        cols = ["attempt", "worker_id", "claimed_at", "ended_at", "outcome", "superseded", "error"]
+        return text + "\n\nattempts:\n" + render.table(rows, cols)
+
+    _emit(ctx, human, {"action": action, "attempts": attempts})
+
+
+# --- audit ----------------------------------------------------------------------------------
+
+@main.command()
+@global_options
+@_TENANT_ALL
+@click.pass_context
+@_with_conn
+def audit(ctx: click.Context, conn: psycopg.Connection[Any], tenant_id: str | None) -> None:
+    """Actions that need attention; exit status 1 when there are any (for cron)."""
+    unresolved = _rows(conn, "unresolved_actions", {"tenant_id": tenant_id})
+    multi = _rows(conn, "multi_effect_actions", {"tenant_id": tenant_id})
+
+    def human() -> str:
+        parts = []
+        if unresolved:
+            parts.append("unresolved actions (unknown, or running with an expired lease):\n"
+                         + render.table(unresolved, ["tenant_id", "action_key", "operation",
+                                                     "state", "age", "lease_expires_at"]))
+        if multi:
+            parts.append("actions whose effect happened more than once:\n"
+                         + render.table(multi, ["tenant_id", "action_key", "operation",
+                                                "successful_attempts"]))
+        return "\n\n".join(parts) if parts else "nothing needs attention"
+
+    _emit(ctx, human, {"unresolved_actions": unresolved, "multi_effect_actions": multi})
+    if unresolved or multi:
+        ctx.exit(EXIT_ATTENTION)
+
+
+# --- resolve, sweep, purge ------------------------------------------------------------------
+
+@main.command()
+@global_options
+@click.argument("key")
+@_TENANT_ONE
+@click.option("--state", required=True, type=click.Choice(["succeeded", "failed", "retryable"]),
+              help="What the action turned out to be.")
+@click.option("--result", type=JsonValue(), default=None, help="Result to record (JSON).")
+@click.option("--error", type=JsonValue(), default=None, help="Error to record (JSON).")
+@click.option("--provider-reference", default=None, help="The provider's id of the effect.")
+@click.option("--note", default=None, help="Why: kept on the action for the audit trail.")
+@click.pass_context
+@_with_conn
+def resolve(ctx: click.Context, conn: psycopg.Connection[Any], key: str, tenant_id: str,
+            state: str, result: Any, error: Any, provider_reference: str | None,
+            note: str | None) -> None:
+    """Reconcile an unknown action to succeeded, failed or retryable."""
+    ledger = Ledger(conn, tenant_id=tenant_id)
+    if ledger.get(key) is None:
+        raise NotFound(f"no action {key} for tenant {tenant_id}")
+    new = ledger.resolve(key, state, result=result, error=error,
+                         provider_reference=provider_reference, note=note)
+    _emit(ctx, f"resolved {key} (tenant {tenant_id}): unknown -> {new.value}",
+          {"tenant_id": tenant_id, "action_key": key, "state": new})
 
 
 @main.command()
-def demo() -> None:
-    """The crash-and-resume demo (not yet: lands with the CLI issue)."""
-    click.echo("replaysafe-pg demo: not yet available; the tests run with "
-               "`pip install -e '.[test]' && python -m pytest`.")
+@global_options
+@click.option("--limit", type=click.IntRange(min=1), default=1000, show_default=True,
+              help="At most this many expired leases.")
+@click.pass_context
+@_with_conn
+def sweep(ctx: click.Context, conn: psycopg.Connection[Any], limit: int) -> None:
+    """Turn expired running leases into unknown (or retryable under on_expired='reclaim')."""
+    count = Ledger(conn).sweep(limit=limit)
+    _emit(ctx, f"swept {count} expired lease(s)", {"swept": count})
+
+
+@main.command()
+@global_options
+@click.option("--older-than", type=Duration(), required=True,
+              help="Delete terminal actions finished longer ago than this (7d, 12h).")
+@click.option("--batch-size", type=click.IntRange(min=1), default=10000, show_default=True,
+              help="Actions deleted per transaction.")
+@click.pass_context
+@_with_conn
+def purge(ctx: click.Context, conn: psycopg.Connection[Any], older_than: timedelta,
+          batch_size: int) -> None:
+    """Delete old succeeded/failed actions in batches (safe while workers run)."""
+    # One cutoff for the whole run: rows finishing meanwhile do not keep the loop going.
+    now: datetime = _rows(conn, "database_now")[0]["now"]
+    expected = _rows(conn, "purge_candidates", {"now": now, "older_than": older_than})[0]["count"]
+    ledger = Ledger(conn)
+    total = 0
+    batches = 0
+    with click.progressbar(length=max(expected, 1), label="purging", file=sys.stderr,
+                           show_pos=True, hidden=_state(ctx).json) as bar:
+        while True:
+            # Each batch is its own transaction (autocommit): locks are short, and rows a
+            # worker holds are skipped, not waited for.
+            deleted = ledger.purge(older_than, limit=batch_size, now=now)
+            total += deleted
+            batches += 1
+            bar.update(deleted)
+            if deleted < batch_size:
+                break
+    _emit(ctx, f"purged {total} action(s) finished before {now - older_than:%Y-%m-%d %H:%M:%S%z} "
+               f"in {batches} batch(es)",
+          {"purged": total, "batches": batches, "cutoff": now - older_than})
+
+
+# --- threads --------------------------------------------------------------------------------
+
+@main.group(cls=_Group)
+@global_options
+def threads() -> None:
+    """Inspect versioned thread state."""
+
+
+_USER = click.option("--user", "user_id", default=None,
+                     help="The owning user (required for threads created with a user).")
+
+
+@threads.command("show")
+@global_options
+@click.argument("thread_id")
+@_TENANT_ONE
+@_USER
+@click.pass_context
+@_with_conn
+def threads_show(ctx: click.Context, conn: psycopg.Connection[Any], thread_id: str,
+                 tenant_id: str, user_id: str | None) -> None:
+    """Show the latest state of a thread."""
+    row = _rows(conn, "read_thread",
+                {"tenant_id": tenant_id, "thread_id": thread_id, "user_id": user_id})[0]
+    if row["version"] == 0:
+        raise NotFound(f"no thread {thread_id} for tenant {tenant_id}")
+    data = {"tenant_id": tenant_id, "thread_id": thread_id, **row,
+            "deleted": row["state"] is None}
+
+    def human() -> str:
+        head = render.fields([("thread", thread_id), ("tenant", tenant_id),
+                              ("version", row["version"]), ("updated at", row["updated_at"])])
+        if row["state"] is None:
+            return head + f"\n\ndeleted (tombstone at version {row['version']})"
+        return head + "\n\n" + json.dumps(row["state"], indent=2, ensure_ascii=False)
+
+    _emit(ctx, human, data)
+
+
+@threads.command("history")
+@global_options
+@click.argument("thread_id")
+@_TENANT_ONE
+@_USER
+@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
+@click.pass_context
+@_with_conn
+def threads_history(ctx: click.Context, conn: psycopg.Connection[Any], thread_id: str,
+                    tenant_id: str, user_id: str | None, limit: int) -> None:
+    """List the kept versions of a thread, newest first."""
+    rows = _rows(conn, "thread_history", {"tenant_id": tenant_id, "thread_id": thread_id,
+                                          "user_id": user_id, "limit": limit})
+    if not rows:
+        raise NotFound(f"no thread {thread_id} for tenant {tenant_id}")
+    _emit(ctx, lambda: render.table(rows, ["version", "created_at", "state"]), rows)
+
+
+# --- demo -----------------------------------------------------------------------------------
+
+@main.command()
+@global_options
+@click.option("--lease", type=click.FloatRange(min=0.2), default=1.5, show_default=True,
+              help="Lease of the crashing worker's claim, in seconds.")
+@click.pass_context
+def demo(ctx: click.Context, lease: float) -> None:
+    """The double refund, with and without the ledger (about 10 seconds)."""
+    from replaysafe_pg.demo import run_demo
+
+    state = _state(ctx)
+    if schema.current_revision(state.db.dsn()) != schema.head_revision():
+        raise SchemaNotInstalled("the replaysafe schema is missing or outdated in this database: "
+                                 "run `replaysafe-pg migrate` first")
+    report = run_demo(state.db.dsn(), lease=timedelta(seconds=lease),
+                      say=(lambda _text: None) if state.json else click.echo)
+    if state.json:
+        click.echo(render.dumps(report))

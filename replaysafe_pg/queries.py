@@ -6,7 +6,7 @@ import re
 from functools import cache
 from typing import LiteralString, cast
 
-from replaysafe_pg.schema import sql_dir
+from replaysafe_pg._paths import sql_dir
 
 _MARKER = re.compile(r"^-- name: (\w+) --$", re.MULTILINE)
 
@@ -28,3 +28,13 @@ def all_queries() -> dict[str, LiteralString]:
 
 def get(name: str) -> LiteralString:
     return all_queries()[name]
+
+
+@cache
+def _file(filename: str) -> dict[str, LiteralString]:
+    return parse((sql_dir() / filename).read_text(encoding="utf-8"))
+
+
+def cli(name: str) -> LiteralString:
+    """A query of the command line (``sql/cli.sql``)."""
+    return _file("cli.sql")[name]

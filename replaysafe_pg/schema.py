@@ -27,28 +27,12 @@ if TYPE_CHECKING:
     from alembic.config import Config
     from sqlalchemy.engine import Connection, Engine
 
+from replaysafe_pg._paths import migrations_dir, sql_dir
+
 SCHEMA = "replaysafe"
 VERSION_TABLE = "alembic_version"
 # pg_advisory_xact_lock key: "replaysafe" migrations (any constant works; this one is ours).
 MIGRATION_LOCK_KEY = 0x7265706C61797361
-
-_PACKAGE_DIR = Path(__file__).resolve().parent
-
-
-def _resource_dir(installed: str, in_repo: str) -> Path:
-    # A wheel carries sql/ and migrations/ inside the package; a source checkout (and an
-    # editable install) has them at the repository root.
-    candidate = _PACKAGE_DIR / installed
-    return candidate if candidate.is_dir() else _PACKAGE_DIR.parent / in_repo
-
-
-def migrations_dir() -> Path:
-    return _resource_dir("_migrations", "migrations")
-
-
-def sql_dir() -> Path:
-    return _resource_dir("_sql", "sql")
-
 
 def schema_sql() -> str:
     """The whole current schema as one SQL script (``sql/schema.sql``)."""

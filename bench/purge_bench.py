@@ -1,0 +1,154 @@
+"""Purge 1,000,000 terminal actions while a worker keeps claiming new keys.
+
+    PYTHONPATH=. python bench/purge_bench.py [--actions 1000000] [--batch-size 10000]
+
+Own embedded Postgres under /tmp with the default (durable) settings, stopped by PID at the
+end. Steps:
+
+1. bulk-load N succeeded actions (one attempt each) finished 30 days ago, with one
+   ``INSERT ... SELECT generate_series`` per table as the schema owner, then VACUUM ANALYZE;
+2. start a worker process that claims (and completes) new keys in a loop, timing each claim;
+3. after a quiet baseline period, run ``replaysafe-pg purge --older-than 7d`` (the real
+   command, progress bar on stderr) while the worker keeps going;
+4. report the worker's claim latency before vs during the purge (target: p99 during
+   <= 3x p99 before) and the purge's duration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+warnings.filterwarnings("ignore", module="platformdirs")
+
+import psycopg  # noqa: E402
+
+import replaysafe_pg  # noqa: E402
+from replaysafe_pg import Ledger, embedded  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+LOAD_ACTIONS = """
+INSERT INTO replaysafe.actions (tenant_id, action_key, operation, request, state, attempt,
+    on_expired, idempotency_key, worker_id, lease_expires_at, result, provider_reference,
+    created_at, updated_at, completed_at)
+SELECT 't' || (g %% 10), 'order:' || g, 'refund_order',
+       jsonb_build_object('order_id', 'o_' || g, 'amount_cents', 100 + g %% 5000),
+       'succeeded', 1, 'unknown', replaysafe.idempotency_key('t' || (g %% 10), 'order:' || g),
+       'loader', ts + interval '30 seconds',
+       jsonb_build_object('refund_id', 're_' || g), 're_' || g, ts, ts + interval '1 second',
+       ts + interval '1 second'
+FROM generate_series(1, %(n)s) AS g,
+     LATERAL (SELECT now() - interval '30 days' + g * interval '1 millisecond') AS t(ts)
+"""
+
+LOAD_ATTEMPTS = """
+INSERT INTO replaysafe.action_attempts (tenant_id, action_key, attempt, worker_id, claimed_at,
+    ended_at, outcome, result, provider_reference)
+SELECT tenant_id, action_key, 1, 'loader', created_at, completed_at, 'succeeded', result,
+       provider_reference
+FROM replaysafe.actions
+"""
+
+
+def worker(dsn: str, stop: Any, out: Any) -> None:
+    """Claim and complete new keys until told to stop; send (start time, claim seconds)."""
+    samples: list[tuple[float, float]] = []
+    with Ledger(dsn, tenant_id="live", worker_id="bench-worker") as led:
+        i = 0
+        while not stop.is_set():
+            i += 1
+            key = f"live:{os.getpid()}:{i}"
+            t0 = time.time()
+            c = led.claim(key, "refund_order", {"order_id": key, "amount_cents": 100})
+            samples.append((t0, time.time() - t0))
+            led.complete(key, c.attempt, {"refund_id": f"re_{i}"})
+    out.send(samples)
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def summary(values: list[float]) -> str:
+    ms = [v * 1000 for v in values]
+    return (f"n={len(ms)}, p50 {statistics.median(ms):.2f} ms, p99 {pct(ms, 0.99):.2f} ms, "
+            f"max {max(ms):.2f} ms")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--actions", type=int, default=1_000_000)
+    parser.add_argument("--batch-size", type=int, default=10_000)
+    parser.add_argument("--baseline-seconds", type=float, default=8.0)
+    args = parser.parse_args()
+
+    tmp = Path(tempfile.mkdtemp(prefix="replaysafe-purge-bench-", dir="/tmp"))
+    server = embedded.start(tmp / "pgdata")  # default settings: fsync and synchronous_commit on
+    proc: Any = None
+    try:
+        dsn = server.dsn
+        replaysafe_pg.migrate(dsn)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            version = conn.execute("SHOW server_version").fetchone()
+            t = time.monotonic()
+            conn.execute(LOAD_ACTIONS, {"n": args.actions})
+            conn.execute(LOAD_ATTEMPTS)
+            conn.execute("VACUUM (ANALYZE) replaysafe.actions")
+            conn.execute("VACUUM (ANALYZE) replaysafe.action_attempts")
+            print(f"PostgreSQL {version[0] if version else '?'}; loaded {args.actions:,} terminal "
+                  f"actions + attempts in {time.monotonic() - t:.1f} s", flush=True)
+
+        stop = mp.Event()
+        receive, send = mp.Pipe(duplex=False)
+        proc = mp.Process(target=worker, args=(dsn, stop, send))
+        proc.start()
+        time.sleep(args.baseline_seconds)
+
+        env = os.environ | {"PYTHONPATH": str(ROOT)}
+        purge_start = time.time()
+        done = subprocess.run(
+            [sys.executable, "-c", "from replaysafe_pg.cli import main; main()", "--dsn", dsn,
+             "purge", "--older-than", "7d", "--batch-size", str(args.batch_size)],
+            env=env, stdout=subprocess.PIPE, text=True, check=True)
+        purge_end = time.time()
+        time.sleep(1.0)
+        stop.set()
+        samples = receive.recv()
+        proc.join()
+
+        before = [s for t0, s in samples if t0 < purge_start]
+        during = [s for t0, s in samples if purge_start <= t0 < purge_end]
+        ratio = pct(during, 0.99) / pct(before, 0.99)
+        seconds = purge_end - purge_start
+        print(done.stdout.strip())
+        print(f"purge: {seconds:.1f} s ({args.actions / seconds:,.0f} actions/s, "
+              f"batches of {args.batch_size:,})")
+        print(f"claim latency before the purge: {summary(before)}")
+        print(f"claim latency during the purge: {summary(during)}")
+        print(f"p99 during / p99 before: {ratio:.2f}x (target <= 3x)")
+        print(f"p50 during / p50 before: {statistics.median(during) / statistics.median(before):.2f}x")
+        with psycopg.connect(dsn) as conn:
+            left = conn.execute("SELECT count(*) FROM replaysafe.actions "
+                                "WHERE completed_at < now() - interval '7 days'").fetchone()
+            print(f"old actions left: {left[0] if left else '?'}")
+    finally:
+        if proc is not None and proc.is_alive():
+            proc.kill()
+        embedded.stop(server)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

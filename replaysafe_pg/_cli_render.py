@@ -1,0 +1,85 @@
+"""How the command line shows values: aligned tables for people, JSON for machines."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from collections.abc import Mapping, Sequence
+from datetime import date, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+_CELL_WIDTH = 48
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` with datetimes as ISO 8601 text and intervals as seconds."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    return value
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(jsonable(value), indent=2, ensure_ascii=False)
+
+
+def duration(value: timedelta) -> str:
+    """A short human duration: ``3d 4h``, ``12m 5s``, ``-2s``."""
+    seconds = int(value.total_seconds())
+    sign = "-" if seconds < 0 else ""
+    seconds = abs(seconds)
+    parts: list[str] = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if seconds >= size or (unit == "s" and not parts):
+            parts.append(f"{seconds // size}{unit}")
+            seconds %= size
+        if len(parts) == 2:
+            break
+    return sign + " ".join(parts)
+
+
+def cell(value: Any, width: int = _CELL_WIDTH) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, enum.Enum):
+        text = str(value.value)
+    elif isinstance(value, datetime):
+        text = value.isoformat(sep=" ", timespec="seconds")
+    elif isinstance(value, timedelta):
+        text = duration(value)
+    elif isinstance(value, bool):
+        text = "yes" if value else "no"
+    elif isinstance(value, dict | list):
+        text = json.dumps(jsonable(value), separators=(",", ":"), ensure_ascii=False)
+    else:
+        text = str(value)
+    text = text.replace("\n", " ")
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
+    """An aligned text table of ``columns`` (a header line, then one line per row)."""
+    cells = [[cell(row.get(c)) for c in columns] for row in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip()]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in cells]
+    return "\n".join(lines)
+
+
+def fields(pairs: Sequence[tuple[str, Any]]) -> str:
+    """``name: value`` lines, names aligned, for one record."""
+    width = max(len(name) for name, _ in pairs)
+    return "\n".join(f"{name.ljust(width)}  {cell(value, 200)}" for name, value in pairs)
