@@ -20,12 +20,14 @@ from replaysafe_pg.models import (
     ReportOutcome,
 )
 from replaysafe_pg.schema import current_revision, downgrade, migrate
+from replaysafe_pg.threads import AsyncThreads, Threads, ThreadState, ThreadVersion
 
 __all__ = [
     "AccessDenied",
     "Action",
     "ActionState",
     "AsyncLedger",
+    "AsyncThreads",
     "Attempt",
     "Claim",
     "ClaimOutcome",
@@ -38,6 +40,9 @@ __all__ = [
     "ReportOutcome",
     "SchemaNotInstalled",
     "StaleStateError",
+    "ThreadState",
+    "ThreadVersion",
+    "Threads",
     "current_revision",
     "downgrade",
     "migrate",

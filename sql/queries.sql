@@ -33,3 +33,15 @@ SELECT tenant_id, action_key, thread_id, operation, state, attempt, on_expired, 
 
 -- name: list_attempts --
 SELECT tenant_id, action_key, attempt, worker_id, claimed_at, ended_at, outcome, superseded, error, result, provider_reference FROM replaysafe.action_attempts_v WHERE tenant_id = %(tenant_id)s AND action_key = %(action_key)s ORDER BY attempt
+
+-- name: read_thread --
+SELECT * FROM replaysafe.read_thread(p_tenant_id => %(tenant_id)s, p_thread_id => %(thread_id)s, p_user_id => %(user_id)s::text)
+
+-- name: write_thread --
+SELECT replaysafe.write_thread(p_tenant_id => %(tenant_id)s, p_thread_id => %(thread_id)s, p_expected_version => %(expected_version)s::bigint, p_state => %(state)s::jsonb, p_user_id => %(user_id)s::text, p_history_limit => %(history_limit)s::integer)
+
+-- name: thread_history --
+SELECT * FROM replaysafe.thread_history(p_tenant_id => %(tenant_id)s, p_thread_id => %(thread_id)s, p_user_id => %(user_id)s::text, p_limit => %(limit)s::integer)
+
+-- name: delete_thread --
+SELECT replaysafe.delete_thread(p_tenant_id => %(tenant_id)s, p_thread_id => %(thread_id)s, p_user_id => %(user_id)s::text)
