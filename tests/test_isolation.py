@@ -162,9 +162,9 @@ def test_bound_role_through_the_driver(world: str, make_role: MakeRole) -> None:
             led.claim("k", "op", {})
     with Threads(role_dsn, tenant_id="A") as a:
         assert a.write("shared", {"x": 1}, 2) == 3
-    with Threads(role_dsn, tenant_id="A", user_id="u2") as a:
-        with pytest.raises(AccessDenied):  # ownership still applies inside the tenant
-            a.read("owned")
+    # Ownership still applies inside the tenant.
+    with Threads(role_dsn, tenant_id="A", user_id="u2") as a, pytest.raises(AccessDenied):
+        a.read("owned")
 
 
 def test_sweep_and_purge_as_bound_role_touch_only_its_tenant(world: str, worker_a: Conn) -> None:
