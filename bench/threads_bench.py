@@ -185,7 +185,7 @@ def main() -> None:
         replaysafe_pg.migrate(dsn)
         with psycopg.connect(dsn, autocommit=True) as c:
             c.execute(FLOOR_SCHEMA)
-        print(f"Postgres {settings}; {args.rounds} rounds x {args.seconds:.0f} s per measurement; "
+        print(f"Postgres {settings}; {args.rounds} rounds x {args.seconds:g} s per measurement; "
               f"psycopg {psycopg.__version__}")
 
         results: dict[tuple[str, int], list[dict[str, float]]] = {}
@@ -195,11 +195,14 @@ def main() -> None:
                     results.setdefault((kind, clients), []).append(
                         measure(kind, dsn, clients, args.seconds))
 
+        def rounds(kind: str, clients: int) -> str:
+            return " / ".join(f"{r['ops']:,.0f}" for r in results[(kind, clients)])
+
         def med(kind: str, clients: int, field: str) -> float:
             return statistics.median(r[field] for r in results[(kind, clients)])
 
-        print("\n| operation | c | ops/s | p50 ms | p99 ms | vs floor |")
-        print("|---|--:|--:|--:|--:|--:|")
+        print("\n| operation | c | ops/s | p50 ms | p99 ms | vs floor | ops/s per round |")
+        print("|---|--:|--:|--:|--:|--:|---|")
         for op in ("write", "read"):
             for clients in (1, 4):
                 floor_ops = med(f"floor_{op}", clients, "ops")
@@ -207,7 +210,7 @@ def main() -> None:
                     ratio = med(kind, clients, "ops") / floor_ops
                     print(f"| {kind} | {clients} | {med(kind, clients, 'ops'):,.0f} | "
                           f"{med(kind, clients, 'p50'):.2f} | {med(kind, clients, 'p99'):.2f} | "
-                          f"{ratio:.2f}x |")
+                          f"{ratio:.2f}x | {rounds(kind, clients)} |")
         wal_floor, wal_ours = wal_per_write(dsn, "floor_write"), wal_per_write(dsn, "ours_write")
         print(f"\nWAL per CAS write (1 client, 300 writes): floor {wal_floor:,.0f} B, "
               f"write_thread {wal_ours:,.0f} B ({wal_ours / wal_floor:.2f}x)")

@@ -959,6 +959,7 @@ $$;
 
 -- Latest state: (0, NULL, NULL) when the thread was never written; (tombstone version,
 -- NULL, deleted at) after delete_thread. One statement, no lock, writes nothing.
+-- Tenant: RS004 for a tenant the role may not act for, as in every function.
 CREATE FUNCTION replaysafe.read_thread(
     p_tenant_id text,
     p_thread_id text,
@@ -976,10 +977,10 @@ BEGIN
             AND (p_user_id IS NULL OR replaysafe._id_ok(p_user_id))) THEN
         PERFORM replaysafe._check_thread_args(p_tenant_id, p_thread_id, p_user_id);
     END IF;
-    IF NOT replaysafe._tenant_ok(p_tenant_id) THEN
-        PERFORM replaysafe._deny_tenant();
-    END IF;
 
+    -- Row-level security decides what this reads; the tenant check runs only when nothing
+    -- was found. A row the caller can see is one it could SELECT anyway (its tenant, or
+    -- every tenant for the owner and unbound auditors), so the hot path skips the check.
     SELECT t.user_id, t.version, v.state, t.updated_at
     INTO v_owner, v_version, v_state, v_updated
     FROM replaysafe.threads t
@@ -988,6 +989,9 @@ BEGIN
     WHERE t.tenant_id = p_tenant_id AND t.thread_id = p_thread_id;
 
     IF NOT FOUND THEN
+        IF NOT replaysafe._tenant_ok(p_tenant_id) THEN
+            PERFORM replaysafe._deny_tenant();
+        END IF;
         RETURN ROW(0, NULL, NULL)::replaysafe.thread_record;
     END IF;
     IF v_owner IS NOT NULL AND v_owner IS DISTINCT FROM p_user_id THEN
@@ -1110,13 +1114,14 @@ BEGIN
     IF p_limit IS NULL OR p_limit < 1 THEN
         PERFORM replaysafe._invalid('p_limit', 'must be a positive integer');
     END IF;
-    IF NOT replaysafe._tenant_ok(p_tenant_id) THEN
-        PERFORM replaysafe._deny_tenant();
-    END IF;
 
+    -- As in read_thread: the tenant check only when row-level security shows nothing.
     SELECT t.user_id INTO v_owner FROM replaysafe.threads t
     WHERE t.tenant_id = p_tenant_id AND t.thread_id = p_thread_id;
     IF NOT FOUND THEN
+        IF NOT replaysafe._tenant_ok(p_tenant_id) THEN
+            PERFORM replaysafe._deny_tenant();
+        END IF;
         RETURN;
     END IF;
     IF v_owner IS NOT NULL AND v_owner IS DISTINCT FROM p_user_id THEN
