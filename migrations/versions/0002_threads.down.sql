@@ -5,6 +5,9 @@ DROP FUNCTION IF EXISTS
     replaysafe.write_thread(text, text, bigint, jsonb, text, integer),
     replaysafe.thread_history(text, text, text, integer),
     replaysafe.delete_thread(text, text, text),
+    replaysafe._thread_args_fail(text, text, text),
+    replaysafe._tenant_or_deny(text),
+    replaysafe._thread_deny(),
     replaysafe._check_thread_args(text, text, text),
     replaysafe._stale_thread(text, bigint, bigint),
     replaysafe._deny_thread();

@@ -81,52 +81,79 @@ BEGIN
 END
 $$;
 
+-- Raising forms usable inside read_thread's SQL expression. STABLE (they only read), so
+-- the SQL function calling them can still be inlined.
+CREATE FUNCTION replaysafe._thread_args_fail(p_tenant_id text, p_thread_id text, p_user_id text)
+RETURNS boolean
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    PERFORM replaysafe._check_thread_args(p_tenant_id, p_thread_id, p_user_id);
+    RETURN false;
+END
+$$;
+
+CREATE FUNCTION replaysafe._tenant_or_deny(p_tenant_id text)
+RETURNS boolean
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    IF NOT replaysafe._tenant_ok(p_tenant_id) THEN
+        PERFORM replaysafe._deny_tenant();
+    END IF;
+    RETURN true;
+END
+$$;
+
+CREATE FUNCTION replaysafe._thread_deny()
+RETURNS boolean
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    PERFORM replaysafe._deny_thread();
+    RETURN false;
+END
+$$;
+
 -- ---------------------------------------------------------------------------------------
 -- Public functions
 -- ---------------------------------------------------------------------------------------
 
 -- Latest state: (0, NULL, NULL) when the thread was never written; (tombstone version,
--- NULL, deleted at) after delete_thread. One statement, no lock, writes nothing.
--- Tenant: RS004 for a tenant the role may not act for, as in every function.
+-- NULL, deleted at) after delete_thread. Always exactly one row.
+--
+-- Reads are the hot path, so this is one plain SQL query that Postgres inlines into the
+-- caller's SELECT (no plpgsql call: that costs more server time than the lookups). The
+-- checks are a CASE, evaluated in order: arguments (RS005); nothing found -> the tenant
+-- check (RS004 for a tenant the role may not act for); another user's thread (RS004).
+-- A row the caller can see is one it may SELECT anyway (row-level security), so the
+-- tenant check runs only when nothing was found.
 CREATE FUNCTION replaysafe.read_thread(
     p_tenant_id text,
     p_thread_id text,
     p_user_id   text DEFAULT NULL)
-RETURNS replaysafe.thread_record
-LANGUAGE plpgsql
+RETURNS SETOF replaysafe.thread_record
+LANGUAGE sql STABLE
 AS $$
-DECLARE
-    v_owner   text;
-    v_version bigint;
-    v_state   jsonb;
-    v_updated timestamptz;
-BEGIN
-    IF NOT (replaysafe._id_ok(p_tenant_id) AND replaysafe._id_ok(p_thread_id)
-            AND (p_user_id IS NULL OR replaysafe._id_ok(p_user_id))) THEN
-        PERFORM replaysafe._check_thread_args(p_tenant_id, p_thread_id, p_user_id);
-    END IF;
-
-    -- Row-level security decides what this reads; the tenant check runs only when nothing
-    -- was found. A row the caller can see is one it could SELECT anyway (its tenant, or
-    -- every tenant for the owner and unbound auditors), so the hot path skips the check.
-    SELECT t.user_id, t.version, v.state, t.updated_at
-    INTO v_owner, v_version, v_state, v_updated
-    FROM replaysafe.threads t
-    LEFT JOIN replaysafe.thread_versions v
-           ON v.tenant_id = t.tenant_id AND v.thread_id = t.thread_id AND v.version = t.version
-    WHERE t.tenant_id = p_tenant_id AND t.thread_id = p_thread_id;
-
-    IF NOT FOUND THEN
-        IF NOT replaysafe._tenant_ok(p_tenant_id) THEN
-            PERFORM replaysafe._deny_tenant();
-        END IF;
-        RETURN ROW(0, NULL, NULL)::replaysafe.thread_record;
-    END IF;
-    IF v_owner IS NOT NULL AND v_owner IS DISTINCT FROM p_user_id THEN
-        PERFORM replaysafe._deny_thread();
-    END IF;
-    RETURN ROW(v_version, v_state, v_updated)::replaysafe.thread_record;
-END
+    SELECT coalesce(t.version, 0),
+           -- A subquery, so the state is always one primary-key probe (a join may instead
+           -- scan the thread's kept versions).
+           (SELECT v.state FROM replaysafe.thread_versions v
+            WHERE v.tenant_id = t.tenant_id AND v.thread_id = t.thread_id AND v.version = t.version),
+           t.updated_at
+    FROM (VALUES (1)) AS one (x)
+    LEFT JOIN replaysafe.threads t
+           ON t.tenant_id = p_tenant_id AND t.thread_id = p_thread_id
+    WHERE CASE
+        WHEN NOT (replaysafe._id_ok(p_tenant_id) AND replaysafe._id_ok(p_thread_id)
+                  AND (p_user_id IS NULL OR replaysafe._id_ok(p_user_id)))
+            THEN replaysafe._thread_args_fail(p_tenant_id, p_thread_id, p_user_id)
+        WHEN t.thread_id IS NULL
+            THEN replaysafe._tenant_or_deny(p_tenant_id)
+        WHEN t.user_id IS NOT NULL AND t.user_id IS DISTINCT FROM p_user_id
+            THEN replaysafe._thread_deny()
+        ELSE true
+    END
 $$;
 
 -- Compare-and-swap write. p_expected_version = 0 creates the thread (owned by p_user_id);
@@ -357,6 +384,9 @@ REVOKE EXECUTE ON FUNCTION
     replaysafe._deny_thread(),
     replaysafe._stale_thread(text, bigint, bigint),
     replaysafe._check_thread_args(text, text, text),
+    replaysafe._thread_args_fail(text, text, text),
+    replaysafe._tenant_or_deny(text),
+    replaysafe._thread_deny(),
     replaysafe.read_thread(text, text, text),
     replaysafe.write_thread(text, text, bigint, jsonb, text, integer),
     replaysafe.thread_history(text, text, text, integer),
@@ -370,6 +400,9 @@ BEGIN
             replaysafe._deny_thread(),
             replaysafe._stale_thread(text, bigint, bigint),
             replaysafe._check_thread_args(text, text, text),
+            replaysafe._thread_args_fail(text, text, text),
+            replaysafe._tenant_or_deny(text),
+            replaysafe._thread_deny(),
             replaysafe.read_thread(text, text, text),
             replaysafe.write_thread(text, text, bigint, jsonb, text, integer),
             replaysafe.thread_history(text, text, text, integer),
