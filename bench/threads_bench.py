@@ -7,10 +7,12 @@ which is 5 round trips with BEGIN and COMMIT. Floor for a read: one SELECT of th
 primary key. Ours: one call of the driver (``Threads.write`` / ``Threads.read``), 1 round trip.
 
 Each connection runs in its own process, on its own thread (no CAS conflicts: this measures
-cost, not contention). The server is an embedded Postgres with default settings (fsync and
+cost, not contention). Every process alternates floor and ours in short windows on a shared
+wall-clock schedule, so both meet the same load from the rest of the machine; the ratio is the
+median over the window pairs. The server is an embedded Postgres with default settings (fsync and
 synchronous_commit on) in a fresh data directory under /tmp, stopped by PID at the end.
 
-    PYTHONPATH=. python bench/threads_bench.py [--seconds 3] [--rounds 2]
+    PYTHONPATH=. python bench/threads_bench.py [--window 0.5] [--windows 8]
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any
 
 import psycopg
 from psycopg import conninfo as pg_conninfo
+from psycopg.types.json import Jsonb
 
 import replaysafe_pg
 from replaysafe_pg import Threads, embedded
@@ -51,126 +54,148 @@ def state(n: int) -> dict[str, Any]:
     return {"step": n, "messages": [{"role": "assistant", "content": f"{n}:{FILLER}"}]}
 
 
-def floor_write(dsn: str, ident: str, deadline: float, latencies: list[float]) -> None:
-    with psycopg.connect(dsn) as conn:
-        conn.execute("INSERT INTO bench_head VALUES (%s, 0) ON CONFLICT (id) DO UPDATE SET version = 0",
-                     (ident,))
-        conn.execute("DELETE FROM bench_versions WHERE id = %s", (ident,))
-        conn.commit()
-        version = 0
-        while (t0 := time.perf_counter()) < deadline:
-            with conn.transaction():  # BEGIN ... COMMIT: 2 of the 5 round trips
-                row = conn.execute("UPDATE bench_head SET version = version + 1 "
-                                   "WHERE id = %s AND version = %s RETURNING version",
-                                   (ident, version)).fetchone()
-                assert row is not None
-                version = row[0]
-                conn.execute("INSERT INTO bench_versions VALUES (%s, %s, %s::jsonb)",
-                             (ident, version, psycopg.types.json.Jsonb(state(version))))
-                conn.execute("DELETE FROM bench_versions WHERE id = %s AND version = %s",
-                             (ident, version - HISTORY_LIMIT))
-            latencies.append(time.perf_counter() - t0)
+class FloorWrite:
+    """One client transaction: UPDATE the version (the check), INSERT the 2 KB version row,
+    DELETE the pruned one -- BEGIN + 3 statements + COMMIT = 5 round trips."""
 
-
-def ours_write(dsn: str, ident: str, deadline: float, latencies: list[float]) -> None:
-    with Threads(dsn, tenant_id="bench") as th:
-        version = th.read(ident).version
-        while (t0 := time.perf_counter()) < deadline:
-            version = th.write(ident, state(version + 1), version)
-            latencies.append(time.perf_counter() - t0)
-
-
-def floor_read(dsn: str, ident: str, deadline: float, latencies: list[float]) -> None:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute("SELECT version FROM bench_head WHERE id = %s", (ident,)).fetchone()
+    def __init__(self, dsn: str, ident: str) -> None:
+        self.conn = psycopg.connect(dsn)
+        self.ident = ident
+        self.conn.execute("INSERT INTO bench_head VALUES (%s, 0) ON CONFLICT (id) DO NOTHING",
+                          (ident,))
+        self.conn.commit()
+        row = self.conn.execute("SELECT version FROM bench_head WHERE id = %s", (ident,)).fetchone()
+        self.conn.commit()
         assert row is not None
-        version = row[0]
-        while (t0 := time.perf_counter()) < deadline:
-            conn.execute("SELECT state FROM bench_versions WHERE id = %s AND version = %s",
-                         (ident, version)).fetchone()
-            latencies.append(time.perf_counter() - t0)
+        self.version: int = row[0]
+
+    def __call__(self) -> None:
+        with self.conn.transaction():
+            row = self.conn.execute("UPDATE bench_head SET version = version + 1 "
+                                    "WHERE id = %s AND version = %s RETURNING version",
+                                    (self.ident, self.version)).fetchone()
+            assert row is not None
+            self.version = row[0]
+            self.conn.execute("INSERT INTO bench_versions VALUES (%s, %s, %s::jsonb)",
+                              (self.ident, self.version, Jsonb(state(self.version))))
+            self.conn.execute("DELETE FROM bench_versions WHERE id = %s AND version = %s",
+                              (self.ident, self.version - HISTORY_LIMIT))
 
 
-def ours_read(dsn: str, ident: str, deadline: float, latencies: list[float]) -> None:
-    with Threads(dsn, tenant_id="bench") as th:
-        while (t0 := time.perf_counter()) < deadline:
-            th.read(ident)
-            latencies.append(time.perf_counter() - t0)
+class OursWrite:
+    """``Threads.write``: one call of ``write_thread``, 1 round trip."""
+
+    def __init__(self, dsn: str, ident: str) -> None:
+        self.threads = Threads(dsn, tenant_id="bench")
+        self.ident = ident
+        self.version = self.threads.read(ident).version
+
+    def __call__(self) -> None:
+        self.version = self.threads.write(self.ident, state(self.version + 1), self.version)
 
 
-KINDS = {"floor_write": floor_write, "ours_write": ours_write,
-         "floor_read": floor_read, "ours_read": ours_read}
+class FloorRead:
+    """The 2 KB state by primary key, 1 round trip."""
+
+    def __init__(self, dsn: str, ident: str) -> None:
+        self.conn = psycopg.connect(dsn, autocommit=True)
+        self.ident = ident
+        FloorWrite(dsn, ident)()  # make sure there is a state to read
+        row = self.conn.execute("SELECT version FROM bench_head WHERE id = %s", (ident,)).fetchone()
+        assert row is not None
+        self.version = row[0]
+
+    def __call__(self) -> None:
+        self.conn.execute("SELECT state FROM bench_versions WHERE id = %s AND version = %s",
+                          (self.ident, self.version)).fetchone()
 
 
-def worker(kind: str, dsn: str, ident: str, seconds: float, barrier: Any,
+class OursRead:
+    """``Threads.read``: one call of ``read_thread``, 1 round trip."""
+
+    def __init__(self, dsn: str, ident: str) -> None:
+        self.threads = Threads(dsn, tenant_id="bench")
+        self.ident = ident
+        if self.threads.read(ident).version == 0:
+            self.threads.write(ident, state(1), 0)
+
+    def __call__(self) -> None:
+        self.threads.read(self.ident)
+
+
+PAIRS = {"write": (FloorWrite, OursWrite), "read": (FloorRead, OursRead)}
+
+
+def worker(op: str, dsn: str, ident: str, start: float, window: float, windows: int,
            out: Any) -> None:
-    fn = KINDS[kind]
-    warm: list[float] = []
-    fn(dsn, ident, time.perf_counter() + 0.3, warm)  # connect, plan caches, first pages
-    barrier.wait()
-    latencies: list[float] = []
-    fn(dsn, ident, time.perf_counter() + seconds, latencies)
-    out.put(latencies)
+    """Alternate floor and ours in windows on a shared wall-clock schedule, so both see the
+    same load from the rest of the machine; report ops and latencies per window."""
+    floor_cls, ours_cls = PAIRS[op]
+    runners = (floor_cls(dsn, ident), ours_cls(dsn, ident))
+    while time.time() < start - 0.5:  # warm up: connections, prepared plans, pages
+        for run in runners:
+            run()
+    counts = [[0] * windows for _ in runners]
+    latencies: list[list[float]] = [[], []]
+    for k in range(windows):
+        order = (0, 1) if k % 2 == 0 else (1, 0)
+        for slot, which in enumerate(order):
+            end = start + (2 * k + slot + 1) * window
+            run, lat = runners[which], latencies[which]
+            while (t0 := time.time()) < end:
+                run()
+                lat.append(time.time() - t0)
+                counts[which][k] += 1
+    out.put((counts, latencies))
 
 
-def measure(kind: str, dsn: str, clients: int, seconds: float) -> dict[str, float]:
+def measure(op: str, dsn: str, clients: int, window: float, windows: int) -> dict[str, Any]:
     ctx = multiprocessing.get_context("spawn")
-    barrier = ctx.Barrier(clients)
     out = ctx.Queue()
-    procs = [ctx.Process(target=worker, args=(kind, dsn, f"th{i}", seconds, barrier, out))
+    start = time.time() + 4.0  # spawn and warm-up happen before the schedule starts
+    procs = [ctx.Process(target=worker, args=(op, dsn, f"{op}{clients}_{i}", start, window,
+                                              windows, out))
              for i in range(clients)]
     for p in procs:
         p.start()
-    latencies: list[float] = []
+    per_window = [[0] * windows, [0] * windows]
+    lats: list[list[float]] = [[], []]
     for _ in procs:
-        latencies.extend(out.get(timeout=seconds + 60))
+        counts, latencies = out.get(timeout=4 + 2 * window * windows + 60)
+        for which in (0, 1):
+            per_window[which] = [a + b for a, b in zip(per_window[which], counts[which],
+                                                       strict=True)]
+            lats[which].extend(latencies[which])
     for p in procs:
         p.join()
-    latencies.sort()
-    return {"ops": len(latencies) / seconds,
-            "p50": latencies[len(latencies) // 2] * 1e3,
-            "p99": latencies[int(len(latencies) * 0.99)] * 1e3}
+    result: dict[str, Any] = {}
+    for which, name in ((0, "floor"), (1, "ours")):
+        ls = sorted(lats[which])
+        result[name] = {"ops": statistics.median(c / window for c in per_window[which]),
+                        "p50": ls[len(ls) // 2] * 1e3, "p99": ls[int(len(ls) * 0.99)] * 1e3}
+    result["ratio"] = statistics.median(o / f for f, o in zip(*per_window, strict=True) if f)
+    result["ratios"] = [o / f for f, o in zip(*per_window, strict=True) if f]
+    return result
 
 
-def wal_per_write(dsn: str, kind: str, n: int = 300) -> float:
+def wal_per_write(dsn: str, cls: type[FloorWrite] | type[OursWrite], n: int = 300) -> float:
     """WAL bytes per CAS write: one client, ``n`` writes on a thread of its own."""
+    run = cls(dsn, f"wal_{cls.__name__}")
     with psycopg.connect(dsn, autocommit=True) as c:
         lsn = c.execute("SELECT pg_current_wal_lsn()").fetchone()
         assert lsn is not None
-        _run_n(kind, dsn, n)
+        for _ in range(n):
+            run()
         row = c.execute("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s)", (lsn[0],)).fetchone()
         assert row is not None
         return float(row[0]) / n
 
 
-def _run_n(kind: str, dsn: str, n: int) -> None:
-    if kind == "ours_write":
-        with Threads(dsn, tenant_id="bench") as th:
-            version = th.read("wal").version
-            for _ in range(n):
-                version = th.write("wal", state(version + 1), version)
-        return
-    with psycopg.connect(dsn) as conn:
-        row = conn.execute("SELECT version FROM bench_head WHERE id = 'wal'").fetchone()
-        version = row[0] if row else 0
-        if row is None:
-            conn.execute("INSERT INTO bench_head VALUES ('wal', 0)")
-            conn.commit()
-        for _ in range(n):
-            with conn.transaction():
-                version += 1
-                conn.execute("UPDATE bench_head SET version = %s WHERE id = 'wal' AND version = %s",
-                             (version, version - 1))
-                conn.execute("INSERT INTO bench_versions VALUES ('wal', %s, %s::jsonb)",
-                             (version, psycopg.types.json.Jsonb(state(version))))
-                conn.execute("DELETE FROM bench_versions WHERE id = 'wal' AND version = %s",
-                             (version - HISTORY_LIMIT,))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=2.5, help="per measurement")
-    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds; medians")
+    parser.add_argument("--window", type=float, default=0.5, help="seconds per window")
+    parser.add_argument("--windows", type=int, default=8,
+                        help="window pairs (floor, ours) per measurement")
     args = parser.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="rs-threads-bench-", dir="/tmp"))
@@ -185,33 +210,20 @@ def main() -> None:
         replaysafe_pg.migrate(dsn)
         with psycopg.connect(dsn, autocommit=True) as c:
             c.execute(FLOOR_SCHEMA)
-        print(f"Postgres {settings}; {args.rounds} rounds x {args.seconds:g} s per measurement; "
-              f"psycopg {psycopg.__version__}")
+        print(f"Postgres {settings}; {args.windows} alternating window pairs of {args.window:g} s "
+              f"per measurement; psycopg {psycopg.__version__}")
 
-        results: dict[tuple[str, int], list[dict[str, float]]] = {}
-        for _ in range(args.rounds):
-            for clients in (1, 4):
-                for kind in KINDS:
-                    results.setdefault((kind, clients), []).append(
-                        measure(kind, dsn, clients, args.seconds))
-
-        def rounds(kind: str, clients: int) -> str:
-            return " / ".join(f"{r['ops']:,.0f}" for r in results[(kind, clients)])
-
-        def med(kind: str, clients: int, field: str) -> float:
-            return statistics.median(r[field] for r in results[(kind, clients)])
-
-        print("\n| operation | c | ops/s | p50 ms | p99 ms | vs floor | ops/s per round |")
-        print("|---|--:|--:|--:|--:|--:|---|")
+        print("\n| operation | c | floor ops/s | ours ops/s | ours / floor (median of windows) "
+              "| floor p50 / p99 ms | ours p50 / p99 ms | ratio range |")
+        print("|---|--:|--:|--:|--:|--:|--:|---|")
         for op in ("write", "read"):
             for clients in (1, 4):
-                floor_ops = med(f"floor_{op}", clients, "ops")
-                for kind in (f"floor_{op}", f"ours_{op}"):
-                    ratio = med(kind, clients, "ops") / floor_ops
-                    print(f"| {kind} | {clients} | {med(kind, clients, 'ops'):,.0f} | "
-                          f"{med(kind, clients, 'p50'):.2f} | {med(kind, clients, 'p99'):.2f} | "
-                          f"{ratio:.2f}x | {rounds(kind, clients)} |")
-        wal_floor, wal_ours = wal_per_write(dsn, "floor_write"), wal_per_write(dsn, "ours_write")
+                r = measure(op, dsn, clients, args.window, args.windows)
+                f, o = r["floor"], r["ours"]
+                print(f"| {op} | {clients} | {f['ops']:,.0f} | {o['ops']:,.0f} | {r['ratio']:.2f}x | "
+                      f"{f['p50']:.2f} / {f['p99']:.1f} | {o['p50']:.2f} / {o['p99']:.1f} | "
+                      f"{min(r['ratios']):.2f}-{max(r['ratios']):.2f} |", flush=True)
+        wal_floor, wal_ours = wal_per_write(dsn, FloorWrite), wal_per_write(dsn, OursWrite)
         print(f"\nWAL per CAS write (1 client, 300 writes): floor {wal_floor:,.0f} B, "
               f"write_thread {wal_ours:,.0f} B ({wal_ours / wal_floor:.2f}x)")
     finally:
