@@ -26,6 +26,7 @@ import statistics
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -123,7 +124,9 @@ class OursRead:
         self.threads.read(self.ident)
 
 
-PAIRS = {"write": (FloorWrite, OursWrite), "read": (FloorRead, OursRead)}
+Factory = Callable[[str, str], Callable[[], None]]
+PAIRS: dict[str, tuple[Factory, Factory]] = {"write": (FloorWrite, OursWrite),
+                                             "read": (FloorRead, OursRead)}
 
 
 def worker(op: str, dsn: str, ident: str, start: float, window: float, windows: int,
@@ -131,7 +134,7 @@ def worker(op: str, dsn: str, ident: str, start: float, window: float, windows: 
     """Alternate floor and ours in windows on a shared wall-clock schedule, so both see the
     same load from the rest of the machine; report ops and latencies per window."""
     floor_cls, ours_cls = PAIRS[op]
-    runners = (floor_cls(dsn, ident), ours_cls(dsn, ident))
+    runners: tuple[Callable[[], None], ...] = (floor_cls(dsn, ident), ours_cls(dsn, ident))
     while time.time() < start - 0.5:  # warm up: connections, prepared plans, pages
         for run in runners:
             run()

@@ -118,7 +118,7 @@ def thread_and_ledger_calls(tenant: str) -> list[str]:
 def assert_every_call_denied(c: Conn, tenant: str) -> None:
     for call in thread_and_ledger_calls(tenant):
         with pytest.raises(psycopg.Error) as err:
-            c.execute(f"SELECT * FROM {call}")  # type: ignore[arg-type]
+            c.execute(f"SELECT * FROM {call}")
         assert err.value.sqlstate == "RS004", (call, err.value)
 
 
@@ -142,7 +142,7 @@ def test_bound_role_gets_rs004_for_every_function_of_another_tenant(world: str,
                             "p_thread_id => 'shared')").fetchone() == (2,)
     for call in thread_and_ledger_calls("A"):
         try:
-            worker_a.execute(f"SELECT * FROM {call}")  # type: ignore[arg-type]
+            worker_a.execute(f"SELECT * FROM {call}")
         except psycopg.Error as exc:  # e.g. RS006 once the action is finished
             assert exc.sqlstate not in ("RS004", "42501"), (call, exc)
     assert worker_a.execute("SELECT version FROM replaysafe.read_thread(p_tenant_id => 'A', "
@@ -240,7 +240,7 @@ def test_bound_role_cannot_insert_rows_of_another_tenant(world: str, worker_a: C
     ]
     for stmt in inserts:
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            worker_a.execute(stmt)  # type: ignore[arg-type]
+            worker_a.execute(stmt)
 
 
 def test_unbound_role_sees_and_changes_nothing(world: str, make_role: MakeRole) -> None:
@@ -272,12 +272,12 @@ def test_auditor_reads_every_tenant_and_cannot_write(world: str, make_role: Make
                      "UPDATE replaysafe.actions SET state = 'failed'",
                      "INSERT INTO replaysafe.role_bindings (role_name, tenant_id) VALUES ('x', 'A')"):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
-                c.execute(stmt)  # type: ignore[arg-type]
+                c.execute(stmt)
         for call in ("replaysafe.write_thread(p_tenant_id => 'A', p_thread_id => 'shared', "
                      "p_expected_version => 2, p_state => '{}')",
                      "replaysafe.sweep_expired_actions(p_now => now() + interval '1 day')"):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
-                c.execute(f"SELECT {call}")  # type: ignore[arg-type]
+                c.execute(f"SELECT {call}")
     assert snapshot(world) == before
 
     bind(world, role, "A")  # a bound auditor reads its tenant only
@@ -318,7 +318,7 @@ def test_bound_role_sees_only_its_own_binding_and_cannot_change_bindings(
         for call in (f"replaysafe.bind_role_to_tenant(p_role => '{role_a}', p_tenant_id => 'B')",
                      f"replaysafe.unbind_role(p_role => '{role_b}')"):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
-                c.execute(f"SELECT {call}")  # type: ignore[arg-type]
+                c.execute(f"SELECT {call}")
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             c.execute("UPDATE replaysafe.role_bindings SET tenant_id = 'B'")
     with psycopg.connect(world) as owner:
@@ -332,6 +332,6 @@ def test_bind_role_to_tenant_checks_its_arguments(dsn: str) -> None:
                      "p_role => NULL, p_tenant_id => 'A'",
                      "p_role => current_user, p_tenant_id => ''"):
             with pytest.raises(psycopg.Error) as err:
-                c.execute(f"SELECT replaysafe.bind_role_to_tenant({args})")  # type: ignore[arg-type]
+                c.execute(f"SELECT replaysafe.bind_role_to_tenant({args})")
             assert err.value.sqlstate == "RS005"
         assert c.execute("SELECT count(*) FROM replaysafe.role_bindings").fetchone() == (0,)

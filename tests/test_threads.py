@@ -8,8 +8,9 @@ import multiprocessing
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 import psycopg
@@ -276,11 +277,12 @@ def test_other_users_get_rs004_that_reveals_nothing(dsn: str, conn: Conn) -> Non
     before = table_counts(conn)
     for intruder in ("bob", None):
         with Threads(dsn, tenant_id="t1", user_id=intruder) as other:
-            calls = [lambda o=other: o.read("th"),
-                     lambda o=other: o.write("th", {"x": 1}, 7),
-                     lambda o=other: o.write("th", {"x": 1}, 0),
-                     lambda o=other: o.history("th"),
-                     lambda o=other: o.delete("th")]
+            calls: list[Callable[[], object]] = [
+                partial(other.read, "th"),
+                partial(other.write, "th", {"x": 1}, 7),
+                partial(other.write, "th", {"x": 1}, 0),
+                partial(other.history, "th"),
+                partial(other.delete, "th")]
             for call in calls:
                 with pytest.raises(AccessDenied) as err:
                     call()
@@ -356,7 +358,7 @@ BAD_SQL_CALLS = [
 def test_bad_write_arguments_raise_rs005_and_write_nothing(conn: Conn, argument: str,
                                                            args: str) -> None:
     with pytest.raises(psycopg.Error) as err:
-        conn.execute(f"SELECT replaysafe.write_thread({args})")  # type: ignore[arg-type]
+        conn.execute(f"SELECT replaysafe.write_thread({args})")
     assert err.value.sqlstate == "RS005"
     assert argument in (err.value.diag.message_primary or "")
     assert table_counts(conn) == (0, 0)
@@ -373,7 +375,7 @@ def test_bad_read_history_delete_arguments_raise_rs005(conn: Conn, call: str) ->
     conn.execute("SELECT replaysafe.write_thread(p_tenant_id => 't', p_thread_id => 'th', "
                  "p_expected_version => 0, p_state => '{}')")
     with pytest.raises(psycopg.Error) as err:
-        conn.execute(f"SELECT * FROM {call.format(long=LONG)}")  # type: ignore[arg-type]
+        conn.execute(f"SELECT * FROM {call.format(long=LONG)}")
     assert err.value.sqlstate == "RS005"
     assert conn.execute("SELECT version FROM replaysafe.threads").fetchone() == (1,)
 
