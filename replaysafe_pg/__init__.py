@@ -25,6 +25,7 @@ from replaysafe_pg.models import (
     ClaimOutcome,
     ReportOutcome,
 )
+from replaysafe_pg.threads import AsyncThreads, Threads, ThreadState, ThreadVersion
 
 __all__ = [
     "AccessDenied",
@@ -32,6 +33,7 @@ __all__ = [
     "ActionNotSucceeded",
     "ActionState",
     "AsyncLedger",
+    "AsyncThreads",
     "Attempt",
     "Call",
     "Claim",
@@ -48,6 +50,9 @@ __all__ = [
     "ReportOutcome",
     "SchemaNotInstalled",
     "StaleStateError",
+    "ThreadState",
+    "ThreadVersion",
+    "Threads",
     "UnstorableResult",
     "current_revision",
     "downgrade",

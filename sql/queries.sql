@@ -41,3 +41,15 @@ LISTEN replaysafe_actions
 
 -- name: unlisten_actions --
 UNLISTEN replaysafe_actions
+
+-- name: read_thread --
+SELECT * FROM replaysafe.read_thread(p_tenant_id => %(tenant_id)s, p_thread_id => %(thread_id)s, p_user_id => %(user_id)s::text)
+
+-- name: write_thread --
+SELECT replaysafe.write_thread(p_tenant_id => %(tenant_id)s, p_thread_id => %(thread_id)s, p_expected_version => %(expected_version)s::bigint, p_state => %(state)s::jsonb, p_user_id => %(user_id)s::text, p_history_limit => %(history_limit)s::integer)
+
+-- name: thread_history --
+SELECT * FROM replaysafe.thread_history(p_tenant_id => %(tenant_id)s, p_thread_id => %(thread_id)s, p_user_id => %(user_id)s::text, p_limit => %(limit)s::integer)
+
+-- name: delete_thread --
+SELECT replaysafe.delete_thread(p_tenant_id => %(tenant_id)s, p_thread_id => %(thread_id)s, p_user_id => %(user_id)s::text)

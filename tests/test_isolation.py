@@ -1,0 +1,337 @@
+"""SPEC §4: tenant isolation by role binding and row-level security, for every function and
+for direct SQL on every table and view of the schema. Roles are real LOGIN roles."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import conninfo as pg_conninfo
+from psycopg import sql
+
+from replaysafe_pg import AccessDenied, Ledger, Threads
+
+Conn = psycopg.Connection[Any]
+MakeRole = Callable[..., str]
+
+T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+LATER = T0 + timedelta(minutes=10)
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def seed(dsn: str, tenant: str) -> None:
+    """Per tenant: a finished old action, an expired lease, a live lease, two threads."""
+    with Ledger(dsn, tenant_id=tenant, worker_id="w") as led:
+        done = led.claim("done", "refund", {"n": 1}, lease=30, now=at(0))
+        led.complete("done", done.attempt, {"ok": tenant}, now=at(1))
+        led.claim("expired", "refund", {"n": 2}, lease=30, now=at(0))
+        led.claim("live", "refund", {"n": 3}, lease=3600, now=at(0))
+    with Threads(dsn, tenant_id=tenant) as th:
+        th.write("shared", {"tenant": tenant}, 0)
+        th.write("shared", {"tenant": tenant, "v": 2}, 1)
+    with Threads(dsn, tenant_id=tenant, user_id="u1") as th:
+        th.write("owned", {"tenant": tenant}, 0)
+
+
+@pytest.fixture
+def world(dsn: str) -> str:
+    seed(dsn, "A")
+    seed(dsn, "B")
+    return dsn
+
+
+def connect_as(dsn: str, role: str) -> Conn:
+    return psycopg.connect(pg_conninfo.make_conninfo(dsn, user=role), autocommit=True)
+
+
+def bind(dsn: str, role: str, tenant: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("SELECT replaysafe.bind_role_to_tenant(p_role => %s, p_tenant_id => %s)",
+                  (role, tenant))
+
+
+def relations(dsn: str) -> list[tuple[str, str, bool]]:
+    """Every table and view of the schema: (name, relkind, has a tenant_id column)."""
+    with psycopg.connect(dsn) as c:
+        return c.execute("""
+            SELECT k.relname, k.relkind::text,
+                   EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a
+                           WHERE a.attrelid = k.oid AND a.attname = 'tenant_id' AND NOT a.attisdropped)
+            FROM pg_catalog.pg_class k JOIN pg_catalog.pg_namespace n ON n.oid = k.relnamespace
+            WHERE n.nspname = 'replaysafe' AND k.relkind IN ('r', 'v', 'p', 'm')
+            ORDER BY 1""").fetchall()
+
+
+def tenant_rows(c: Conn, relation: str) -> list[str] | None:
+    """tenant_id of every visible row, or None when the role may not read the relation."""
+    try:
+        rows = c.execute(sql.SQL("SELECT tenant_id FROM replaysafe.{}").format(
+            sql.Identifier(relation))).fetchall()
+    except psycopg.errors.InsufficientPrivilege:
+        return None
+    return [r[0] for r in rows]
+
+
+def snapshot(dsn: str) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of every table, as the owner sees it."""
+    out: dict[str, list[tuple[Any, ...]]] = {}
+    with psycopg.connect(dsn) as c:
+        for name, kind, _ in relations(dsn):
+            if kind == "r":
+                q = sql.SQL("SELECT * FROM replaysafe.{} ORDER BY 1").format(sql.Identifier(name))
+                out[name] = sorted(tuple(map(str, r)) for r in c.execute(q).fetchall())
+    return out
+
+
+def thread_and_ledger_calls(tenant: str) -> list[str]:
+    """One call of every function that takes a tenant, for ``tenant``."""
+    t = f"p_tenant_id => '{tenant}'"
+    return [
+        f"replaysafe.claim_action({t}, p_action_key => 'new', p_operation => 'refund', "
+        "p_request => '{}', p_worker_id => 'w')",
+        f"replaysafe.claim_action({t}, p_action_key => 'done', p_operation => 'refund', "
+        "p_request => '{\"n\": 1}', p_worker_id => 'w')",
+        f"replaysafe.claim_actions({t}, p_action_keys => '{{new2}}', p_operations => '{{refund}}', "
+        "p_requests => ARRAY['{}'::jsonb], p_worker_id => 'w')",
+        f"replaysafe.heartbeat_action({t}, p_action_key => 'live', p_attempt => 1)",
+        f"replaysafe.complete_action({t}, p_action_key => 'live', p_attempt => 1, p_result => '{{}}')",
+        f"replaysafe.fail_action({t}, p_action_key => 'live', p_attempt => 1, p_error => '{{}}')",
+        f"replaysafe.mark_action_unknown({t}, p_action_key => 'live', p_attempt => 1, "
+        "p_error => '{}')",
+        f"replaysafe.resolve_action({t}, p_action_key => 'live', p_state => 'failed')",
+        f"replaysafe.read_thread({t}, p_thread_id => 'shared')",
+        f"replaysafe.write_thread({t}, p_thread_id => 'shared', p_expected_version => 2, "
+        "p_state => '{}')",
+        f"replaysafe.write_thread({t}, p_thread_id => 'brand_new', p_expected_version => 0, "
+        "p_state => '{}')",
+        f"replaysafe.thread_history({t}, p_thread_id => 'shared')",
+        f"replaysafe.delete_thread({t}, p_thread_id => 'shared')",
+    ]
+
+
+def assert_every_call_denied(c: Conn, tenant: str) -> None:
+    for call in thread_and_ledger_calls(tenant):
+        with pytest.raises(psycopg.Error) as err:
+            c.execute(f"SELECT * FROM {call}")
+        assert err.value.sqlstate == "RS004", (call, err.value)
+
+
+@pytest.fixture
+def worker_a(world: str, make_role: MakeRole) -> Iterator[Conn]:
+    role = make_role("replaysafe_worker")
+    bind(world, role, "A")
+    with connect_as(world, role) as c:
+        yield c
+
+
+# --- through the functions -------------------------------------------------------------
+
+def test_bound_role_gets_rs004_for_every_function_of_another_tenant(world: str,
+                                                                    worker_a: Conn) -> None:
+    before = snapshot(world)
+    assert_every_call_denied(worker_a, "B")
+    assert snapshot(world) == before
+    # The same role acts for its own tenant (so the denials above are about the tenant).
+    assert worker_a.execute("SELECT version FROM replaysafe.read_thread(p_tenant_id => 'A', "
+                            "p_thread_id => 'shared')").fetchone() == (2,)
+    for call in thread_and_ledger_calls("A"):
+        try:
+            worker_a.execute(f"SELECT * FROM {call}")
+        except psycopg.Error as exc:  # e.g. RS006 once the action is finished
+            assert exc.sqlstate not in ("RS004", "42501"), (call, exc)
+    assert worker_a.execute("SELECT version FROM replaysafe.read_thread(p_tenant_id => 'A', "
+                            "p_thread_id => 'shared')").fetchone() == (4,)  # write + delete
+
+
+def test_bound_role_through_the_driver(world: str, make_role: MakeRole) -> None:
+    role = make_role("replaysafe_worker")
+    bind(world, role, "A")
+    role_dsn = pg_conninfo.make_conninfo(world, user=role)
+    with Threads(role_dsn, tenant_id="B") as b, Ledger(role_dsn, tenant_id="B") as led:
+        with pytest.raises(AccessDenied):
+            b.read("shared")
+        with pytest.raises(AccessDenied):
+            b.write("shared", {"x": 1}, 2)
+        with pytest.raises(AccessDenied):
+            led.claim("k", "op", {})
+    with Threads(role_dsn, tenant_id="A") as a:
+        assert a.write("shared", {"x": 1}, 2) == 3
+    # Ownership still applies inside the tenant.
+    with Threads(role_dsn, tenant_id="A", user_id="u2") as a, pytest.raises(AccessDenied):
+        a.read("owned")
+
+
+def test_sweep_and_purge_as_bound_role_touch_only_its_tenant(world: str, worker_a: Conn) -> None:
+    swept = worker_a.execute("SELECT replaysafe.sweep_expired_actions(p_now => %s)",
+                             (at(60),)).fetchone()
+    assert swept == (1,)
+    purged = worker_a.execute("SELECT replaysafe.purge_actions(p_older_than => '10 seconds', "
+                              "p_now => %s)", (at(60),)).fetchone()
+    assert purged == (1,)
+    with psycopg.connect(world) as owner:
+        states = owner.execute("SELECT tenant_id, action_key, state::text FROM replaysafe.actions "
+                               "ORDER BY 1, 2").fetchall()
+    assert states == [("A", "expired", "unknown"), ("A", "live", "running"),
+                      ("B", "done", "succeeded"), ("B", "expired", "running"),
+                      ("B", "live", "running")]
+
+
+# --- through direct SQL ----------------------------------------------------------------
+
+def test_bound_role_direct_sql_sees_and_changes_nothing_of_another_tenant(
+        world: str, worker_a: Conn) -> None:
+    before = snapshot(world)
+    rels = relations(world)
+    seen_a = set()
+    for name, _kind, has_tenant in rels:
+        if not has_tenant:  # alembic_version: not granted at all
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                worker_a.execute(sql.SQL("SELECT * FROM replaysafe.{}").format(sql.Identifier(name)))
+            continue
+        visible = tenant_rows(worker_a, name)
+        assert visible is not None, name
+        assert "B" not in visible, name
+        if "A" in visible:
+            seen_a.add(name)
+    assert seen_a >= {"actions", "action_attempts", "threads", "thread_versions", "role_bindings",
+                      "actions_v", "action_attempts_v", "threads_v", "unresolved_actions"}
+
+    not_writable = (psycopg.errors.InsufficientPrivilege,
+                    psycopg.errors.ObjectNotInPrerequisiteState, psycopg.errors.FeatureNotSupported)
+    for name, _kind, has_tenant in rels:
+        if not has_tenant:
+            continue
+        for stmt in ("UPDATE replaysafe.{} SET tenant_id = tenant_id WHERE tenant_id = 'B'",
+                     "UPDATE replaysafe.{} SET tenant_id = 'A' WHERE tenant_id = 'B'",
+                     "DELETE FROM replaysafe.{} WHERE tenant_id = 'B'"):
+            try:
+                cur = worker_a.execute(sql.SQL(stmt).format(sql.Identifier(name)))
+            except not_writable:
+                continue
+            assert cur.rowcount == 0, (name, stmt)
+    # An unqualified DELETE removes the role's own tenant's rows only.
+    for name, _kind, has_tenant in rels:
+        if has_tenant:
+            try:
+                worker_a.execute(sql.SQL("DELETE FROM replaysafe.{}").format(sql.Identifier(name)))
+            except not_writable:
+                continue
+    after = snapshot(world)
+    for table, rows in before.items():
+        assert [r for r in after[table] if "B" in r] == [r for r in rows if "B" in r], table
+    assert after["threads"] == [r for r in before["threads"] if "B" in r]
+
+
+def test_bound_role_cannot_insert_rows_of_another_tenant(world: str, worker_a: Conn) -> None:
+    inserts = [
+        "INSERT INTO replaysafe.threads (tenant_id, thread_id, version, history_limit, oldest_kept, "
+        "created_at, updated_at) VALUES ('B', 'x', 1, 20, 1, now(), now())",
+        "INSERT INTO replaysafe.thread_versions (tenant_id, thread_id, version, state, created_at) "
+        "VALUES ('B', 'shared', 3, '{}', now())",
+        "INSERT INTO replaysafe.action_attempts (tenant_id, action_key, attempt, worker_id, "
+        "claimed_at) VALUES ('B', 'live', 2, 'w', now())",
+        "INSERT INTO replaysafe.role_bindings (role_name, tenant_id) VALUES (current_user, 'B')",
+    ]
+    for stmt in inserts:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            worker_a.execute(stmt)
+
+
+def test_unbound_role_sees_and_changes_nothing(world: str, make_role: MakeRole) -> None:
+    role = make_role("replaysafe_worker")
+    before = snapshot(world)
+    with connect_as(world, role) as c:
+        for tenant in ("A", "B"):
+            assert_every_call_denied(c, tenant)
+        for name, _kind, has_tenant in relations(world):
+            if has_tenant:
+                assert tenant_rows(c, name) in ([], None), name
+        assert c.execute("SELECT replaysafe.sweep_expired_actions(p_now => %s)",
+                         (LATER,)).fetchone() == (0,)
+        assert c.execute("SELECT replaysafe.purge_actions(p_older_than => '0 seconds', "
+                         "p_now => %s)", (LATER,)).fetchone() == (0,)
+        assert c.execute("DELETE FROM replaysafe.thread_versions").rowcount == 0
+    assert snapshot(world) == before
+
+
+def test_auditor_reads_every_tenant_and_cannot_write(world: str, make_role: MakeRole) -> None:
+    role = make_role("replaysafe_auditor")
+    before = snapshot(world)
+    with connect_as(world, role) as c:
+        for name in ("actions", "action_attempts", "threads", "thread_versions", "actions_v",
+                     "action_attempts_v", "threads_v"):
+            assert set(tenant_rows(c, name) or []) == {"A", "B"}, name
+        for stmt in ("DELETE FROM replaysafe.thread_versions",
+                     "UPDATE replaysafe.threads SET version = version + 1",
+                     "UPDATE replaysafe.actions SET state = 'failed'",
+                     "INSERT INTO replaysafe.role_bindings (role_name, tenant_id) VALUES ('x', 'A')"):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                c.execute(stmt)
+        for call in ("replaysafe.write_thread(p_tenant_id => 'A', p_thread_id => 'shared', "
+                     "p_expected_version => 2, p_state => '{}')",
+                     "replaysafe.sweep_expired_actions(p_now => now() + interval '1 day')"):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                c.execute(f"SELECT {call}")
+    assert snapshot(world) == before
+
+    bind(world, role, "A")  # a bound auditor reads its tenant only
+    with connect_as(world, role) as c:
+        assert set(tenant_rows(c, "threads_v") or []) == {"A"}
+        assert set(tenant_rows(c, "actions") or []) == {"A"}
+
+
+# --- bindings --------------------------------------------------------------------------
+
+def test_rebinding_moves_the_role_and_unbinding_removes_it(world: str, make_role: MakeRole) -> None:
+    role = make_role("replaysafe_worker")
+    bind(world, role, "A")
+    with connect_as(world, role) as c:
+        assert set(tenant_rows(c, "threads") or []) == {"A"}
+    bind(world, role, "B")
+    with connect_as(world, role) as c:
+        assert set(tenant_rows(c, "threads") or []) == {"B"}
+        assert_every_call_denied(c, "A")
+        assert c.execute("SELECT version FROM replaysafe.read_thread(p_tenant_id => 'B', "
+                         "p_thread_id => 'shared')").fetchone() == (2,)
+    with psycopg.connect(world, autocommit=True) as owner:
+        assert owner.execute("SELECT replaysafe.unbind_role(p_role => %s)", (role,)).fetchone() == (True,)
+        assert owner.execute("SELECT replaysafe.unbind_role(p_role => %s)", (role,)).fetchone() == (False,)
+    with connect_as(world, role) as c:
+        assert tenant_rows(c, "threads") == []
+        assert_every_call_denied(c, "B")
+
+
+def test_bound_role_sees_only_its_own_binding_and_cannot_change_bindings(
+        world: str, make_role: MakeRole) -> None:
+    role_a, role_b = make_role("replaysafe_worker"), make_role("replaysafe_worker")
+    bind(world, role_a, "A")
+    bind(world, role_b, "B")
+    with connect_as(world, role_a) as c:
+        assert c.execute("SELECT role_name, tenant_id FROM replaysafe.role_bindings").fetchall() == [
+            (role_a, "A")]
+        for call in (f"replaysafe.bind_role_to_tenant(p_role => '{role_a}', p_tenant_id => 'B')",
+                     f"replaysafe.unbind_role(p_role => '{role_b}')"):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                c.execute(f"SELECT {call}")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            c.execute("UPDATE replaysafe.role_bindings SET tenant_id = 'B'")
+    with psycopg.connect(world) as owner:
+        assert owner.execute("SELECT role_name, tenant_id FROM replaysafe.role_bindings "
+                             "ORDER BY tenant_id").fetchall() == [(role_a, "A"), (role_b, "B")]
+
+
+def test_bind_role_to_tenant_checks_its_arguments(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        for args in ("p_role => 'no_such_role_x', p_tenant_id => 'A'",
+                     "p_role => NULL, p_tenant_id => 'A'",
+                     "p_role => current_user, p_tenant_id => ''"):
+            with pytest.raises(psycopg.Error) as err:
+                c.execute(f"SELECT replaysafe.bind_role_to_tenant({args})")
+            assert err.value.sqlstate == "RS005"
+        assert c.execute("SELECT count(*) FROM replaysafe.role_bindings").fetchone() == (0,)

@@ -1,0 +1,461 @@
+"""SPEC §3 (thread state) against a real Postgres: CAS writes, tombstones, bounded history,
+ownership, bad input, and concurrent writers as connections and as processes."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import Any
+
+import psycopg
+import pytest
+from _threads_helpers import increment
+from psycopg_pool import ConnectionPool
+
+from replaysafe_pg import (
+    AccessDenied,
+    AsyncThreads,
+    InvalidArgument,
+    StaleStateError,
+    Threads,
+    downgrade,
+    migrate,
+)
+from replaysafe_pg.schema import migrations_dir, sql_dir
+
+Conn = psycopg.Connection[Any]
+
+
+@pytest.fixture
+def threads(dsn: str) -> Iterator[Threads]:
+    with Threads(dsn, tenant_id="t1") as th:
+        yield th
+
+
+def table_counts(conn: Conn) -> tuple[int, int]:
+    row = conn.execute("SELECT (SELECT count(*) FROM replaysafe.threads), "
+                       "(SELECT count(*) FROM replaysafe.thread_versions)").fetchone()
+    assert row is not None
+    return row[0], row[1]
+
+
+def versions(th: Threads, thread_id: str = "th") -> list[int]:
+    return [v.version for v in th.history(thread_id, limit=10_000)]
+
+
+# --- the contract's names --------------------------------------------------------------
+
+def test_functions_have_the_spec_signatures(conn: Conn) -> None:
+    for sig in ("replaysafe.read_thread(text,text,text)",
+                "replaysafe.write_thread(text,text,bigint,jsonb,text,integer)",
+                "replaysafe.thread_history(text,text,text,integer)",
+                "replaysafe.delete_thread(text,text,text)"):
+        assert conn.execute("SELECT to_regprocedure(%s)", (sig,)).fetchone() == (sig,)
+    # Named arguments with their defaults, as outside callers use them.
+    conn.execute("SELECT replaysafe.write_thread(p_tenant_id => 't', p_thread_id => 'x', "
+                 "p_expected_version => 0, p_state => '{\"a\": 1}')")
+    assert conn.execute("SELECT version, state FROM replaysafe.read_thread("
+                        "p_tenant_id => 't', p_thread_id => 'x')").fetchone() == (1, {"a": 1})
+    assert conn.execute("SELECT version FROM replaysafe.thread_history("
+                        "p_tenant_id => 't', p_thread_id => 'x')").fetchall() == [(1,)]
+    assert conn.execute("SELECT replaysafe.delete_thread(p_tenant_id => 't', p_thread_id => 'x', "
+                        "p_user_id => NULL)").fetchone() == (True,)
+
+
+def test_schema_sql_is_the_two_revisions_in_order() -> None:
+    versions_dir = migrations_dir() / "versions"
+    ledger = (versions_dir / "0001_ledger.sql").read_text(encoding="utf-8")
+    thread_state = (versions_dir / "0002_threads.sql").read_text(encoding="utf-8")
+    assert (sql_dir() / "schema.sql").read_text(encoding="utf-8") == ledger + "\n" + thread_state
+
+
+def test_revision_0002_downgrades_to_the_ledger_and_back(empty_dsn: str) -> None:
+    migrate(empty_dsn)
+    downgrade(empty_dsn, "0001")
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        left = c.execute("SELECT count(*) FROM pg_catalog.pg_class k JOIN pg_catalog.pg_namespace n "
+                         "ON n.oid = k.relnamespace WHERE n.nspname = 'replaysafe' "
+                         "AND k.relname LIKE 'thread%'").fetchone()
+        assert left == (0,)
+        assert c.execute("SELECT to_regproc('replaysafe.write_thread')").fetchone() == (None,)
+        assert c.execute("SELECT to_regproc('replaysafe.claim_action')").fetchone() is not None
+    migrate(empty_dsn)
+    with Threads(empty_dsn) as th:
+        assert th.write("th", {"ok": True}, 0) == 1
+
+
+# --- CAS writes ------------------------------------------------------------------------
+
+def test_absent_thread_reads_version_0(threads: Threads) -> None:
+    absent = threads.read("nope")
+    assert (absent.version, absent.state, absent.updated_at) == (0, None, None)
+    assert threads.history("nope") == []
+
+
+def test_writes_chain_versions_and_read_returns_the_latest(threads: Threads) -> None:
+    assert threads.write("th", {"step": 1}, 0) == 1
+    assert threads.write("th", {"step": 2}, 1) == 2
+    assert threads.write("th", {"step": 3}, 2) == 3
+    latest = threads.read("th")
+    assert (latest.version, latest.state) == (3, {"step": 3})
+    assert latest.updated_at is not None
+    assert [(v.version, v.state) for v in threads.history("th")] == [
+        (3, {"step": 3}), (2, {"step": 2}), (1, {"step": 1})]
+    assert [v.version for v in threads.history("th", limit=2)] == [3, 2]
+
+
+def test_stale_write_raises_rs003_with_detail_and_changes_nothing(threads: Threads,
+                                                                  conn: Conn) -> None:
+    threads.write("th", {"secret": "s3cr3t"}, 0)
+    threads.write("th", {"secret": "s3cr3t"}, 1)
+    before = table_counts(conn)
+    with pytest.raises(StaleStateError) as err:
+        threads.write("th", {"x": 1}, 1)
+    exc = err.value
+    assert (exc.thread_id, exc.expected_version, exc.current_version) == ("th", 1, 2)
+    assert exc.__cause__.sqlstate == "RS003"  # type: ignore[union-attr]
+    assert "s3cr3t" not in exc.message and "s3cr3t" not in (exc.detail or "")
+    assert table_counts(conn) == before
+    assert threads.read("th").state == {"secret": "s3cr3t"}
+
+    with pytest.raises(StaleStateError) as err:
+        threads.write("never", {"x": 1}, 4)
+    assert (err.value.expected_version, err.value.current_version) == (4, 0)
+
+
+def test_expected_version_0_on_an_existing_thread_raises_rs003(threads: Threads) -> None:
+    threads.write("th", {"a": 1}, 0)
+    with pytest.raises(StaleStateError) as err:
+        threads.write("th", {"a": 2}, 0)
+    assert (err.value.expected_version, err.value.current_version) == (0, 1)
+    assert threads.read("th").state == {"a": 1}
+
+
+def test_interleaved_read_read_write_write_second_writer_is_stale(dsn: str) -> None:
+    with Threads(dsn, tenant_id="t1") as a, Threads(dsn, tenant_id="t1") as b:
+        a.write("th", {"n": 0}, 0)
+        seen_a, seen_b = a.read("th"), b.read("th")
+        assert b.write("th", {"n": 1, "by": "b"}, seen_b.version) == 2
+        with pytest.raises(StaleStateError):
+            a.write("th", {"n": 1, "by": "a"}, seen_a.version)
+        assert a.read("th").state == {"n": 1, "by": "b"}
+
+
+def test_a_writer_waiting_on_an_uncommitted_write_gets_rs003_after_commit(dsn: str) -> None:
+    with Threads(dsn, tenant_id="t1") as th:
+        th.write("th", {"n": 0}, 0)
+    holder = psycopg.connect(dsn)
+    waiter = psycopg.connect(dsn, autocommit=True)
+    try:
+        holder.execute("SELECT 1")  # open a transaction: the write below joins it
+        Threads(holder, tenant_id="t1").write("th", {"n": 1}, 1)
+        waiter_pid = waiter.info.backend_pid
+        outcome: list[BaseException | int] = []
+
+        def write_from_waiter() -> None:
+            try:
+                outcome.append(Threads(waiter, tenant_id="t1").write("th", {"n": 99}, 1))
+            except BaseException as exc:
+                outcome.append(exc)
+
+        t = threading.Thread(target=write_from_waiter)
+        t.start()
+        with psycopg.connect(dsn, autocommit=True) as probe:
+            deadline = time.monotonic() + 10
+            while probe.execute("SELECT pg_blocking_pids(%s)", (waiter_pid,)).fetchone() == ([],):
+                assert t.is_alive() and time.monotonic() < deadline, f"never blocked: {outcome}"
+        assert not outcome  # still blocked on the row lock
+        holder.commit()
+        t.join(10)
+        assert isinstance(outcome[0], StaleStateError)
+        assert outcome[0].current_version == 2
+    finally:
+        holder.close()
+        waiter.close()
+
+
+def test_read_assigns_no_transaction_id(threads: Threads, dsn: str) -> None:
+    threads.write("th", {"a": 1}, 0)
+    with psycopg.connect(dsn) as c:
+        Threads(c, tenant_id="t1").read("th")
+        Threads(c, tenant_id="t1").history("th")
+        assert c.execute("SELECT pg_current_xact_id_if_assigned()").fetchone() == (None,)
+
+
+# --- tombstones ------------------------------------------------------------------------
+
+def test_delete_leaves_a_tombstone_and_the_counter_continues(threads: Threads, conn: Conn) -> None:
+    for v in range(3):
+        threads.write("th", {"v": v + 1}, v)
+    assert threads.delete("th") is True
+    gone = threads.read("th")
+    assert (gone.version, gone.state) == (4, None)
+    assert gone.updated_at is not None
+    assert threads.history("th") == []
+    assert conn.execute("SELECT count(*) FROM replaysafe.thread_versions").fetchone() == (0,)
+
+    with pytest.raises(StaleStateError) as err:  # a writer still holding version 3
+        threads.write("th", {"v": "late"}, 3)
+    assert err.value.current_version == 4
+    with pytest.raises(StaleStateError):
+        threads.write("th", {"v": "new"}, 0)
+
+    assert threads.write("th", {"v": "again"}, 4) == 5
+    assert versions(threads) == [5]  # nothing older than the tombstone
+    assert threads.read("th").state == {"v": "again"}
+
+
+def test_delete_of_absent_or_deleted_thread_returns_false(threads: Threads) -> None:
+    assert threads.delete("nope") is False
+    threads.write("th", {"a": 1}, 0)
+    assert threads.delete("th") is True
+    assert threads.delete("th") is False
+    assert threads.read("th").version == 2
+
+
+# --- history limit and pruning ---------------------------------------------------------
+
+XACT_STATS = ("SELECT n_tup_del, pg_stat_force_next_flush() FROM pg_stat_xact_user_tables "
+              "WHERE relid = 'replaysafe.thread_versions'::regclass")
+
+
+def test_1000_writes_with_limit_5_keep_996_to_1000_pruning_one_row_per_write(dsn: str) -> None:
+    pruned: list[int] = []
+    with psycopg.connect(dsn) as c:
+        th = Threads(c, tenant_id="t1")
+        for v in range(1000):
+            with c.transaction():
+                th.write("th", {"v": v + 1}, v, history_limit=5 if v == 0 else None)
+                row = c.execute(XACT_STATS).fetchone()
+                assert row is not None
+                pruned.append(row[0])  # rows this write's transaction deleted
+        assert versions(th) == [1000, 999, 998, 997, 996]
+        assert th.history("th", limit=1)[0].state == {"v": 1000}
+    assert pruned[:5] == [0] * 5
+    assert set(pruned[5:]) == {1}, Counter(pruned)
+    print(f"\npruned rows per write (1000 writes, limit 5): {dict(Counter(pruned))}")
+
+
+def test_lowering_the_limit_prunes_the_difference_once(dsn: str) -> None:
+    pruned: list[int] = []
+    with psycopg.connect(dsn) as c:
+        th = Threads(c, tenant_id="t1")
+        for v in range(30):
+            limit = 20 if v == 0 else (5 if v == 25 else None)
+            with c.transaction():
+                th.write("th", {"v": v + 1}, v, history_limit=limit)
+                row = c.execute(XACT_STATS).fetchone()
+                assert row is not None
+                pruned.append(row[0])
+        assert versions(th) == [30, 29, 28, 27, 26]
+    # Versions 1..20 kept up to v20, then one per write; v26 with limit 5 drops 6..21.
+    assert pruned == [0] * 20 + [1] * 5 + [16] + [1] * 4
+
+
+def test_default_history_limit_is_20_and_a_later_write_changes_it(threads: Threads) -> None:
+    for v in range(25):
+        threads.write("th", {"v": v + 1}, v)
+    assert versions(threads) == list(range(25, 5, -1))
+    threads.write("th", {"v": 26}, 25, history_limit=30)
+    for v in range(26, 40):
+        threads.write("th", {"v": v + 1}, v)
+    assert len(versions(threads)) == 30
+
+
+# --- ownership -------------------------------------------------------------------------
+
+def test_other_users_get_rs004_that_reveals_nothing(dsn: str, conn: Conn) -> None:
+    with Threads(dsn, tenant_id="t1", user_id="alice") as alice:
+        for v in range(7):
+            alice.write("th", {"diary": "TOPSECRET"}, v)
+    before = table_counts(conn)
+    for intruder in ("bob", None):
+        with Threads(dsn, tenant_id="t1", user_id=intruder) as other:
+            calls: list[Callable[[], object]] = [
+                partial(other.read, "th"),
+                partial(other.write, "th", {"x": 1}, 7),
+                partial(other.write, "th", {"x": 1}, 0),
+                partial(other.history, "th"),
+                partial(other.delete, "th")]
+            for call in calls:
+                with pytest.raises(AccessDenied) as err:
+                    call()
+                cause = err.value.__cause__
+                assert isinstance(cause, psycopg.Error)
+                assert cause.sqlstate == "RS004"
+                told = " ".join(filter(None, (cause.diag.message_primary, cause.diag.message_detail,
+                                              cause.diag.message_hint)))
+                for secret in ("TOPSECRET", "alice", "7"):
+                    assert secret not in told, told
+    assert table_counts(conn) == before
+    with Threads(dsn, tenant_id="t1", user_id="alice") as alice:
+        assert alice.read("th").version == 7
+
+
+def test_ownership_survives_delete(dsn: str) -> None:
+    with Threads(dsn, tenant_id="t1", user_id="alice") as alice, \
+         Threads(dsn, tenant_id="t1", user_id="bob") as bob:
+        alice.write("th", {"a": 1}, 0)
+        assert alice.delete("th") is True
+        with pytest.raises(AccessDenied):
+            bob.write("th", {"b": 1}, 2)
+        with pytest.raises(AccessDenied):
+            bob.read("th")
+        assert alice.write("th", {"a": 2}, 2) == 3
+
+
+def test_thread_without_user_is_shared_within_the_tenant(dsn: str, conn: Conn) -> None:
+    with Threads(dsn, tenant_id="t1") as anyone, \
+         Threads(dsn, tenant_id="t1", user_id="bob") as bob:
+        anyone.write("th", {"a": 1}, 0)
+        assert bob.write("th", {"b": 1}, 1) == 2
+        assert anyone.read("th").state == {"b": 1}
+    # Writing with a user id does not make the shared thread that user's.
+    assert conn.execute("SELECT user_id FROM replaysafe.threads").fetchone() == (None,)
+
+
+def test_same_thread_id_in_two_tenants_are_two_threads(dsn: str) -> None:
+    with Threads(dsn, tenant_id="t1") as one, Threads(dsn, tenant_id="t2") as two:
+        one.write("th", {"t": 1}, 0)
+        assert two.read("th").version == 0
+        assert two.write("th", {"t": 2}, 0) == 1
+        assert one.read("th").state == {"t": 1}
+
+
+# --- bad input -------------------------------------------------------------------------
+
+LONG = "x" * 513
+
+BAD_SQL_CALLS = [
+    ("p_state", "p_tenant_id => 't', p_thread_id => 'th', p_expected_version => 0, p_state => '[1]'"),
+    ("p_state", "p_tenant_id => 't', p_thread_id => 'th', p_expected_version => 0, p_state => '\"s\"'"),
+    ("p_state", "p_tenant_id => 't', p_thread_id => 'th', p_expected_version => 0, p_state => NULL"),
+    ("p_expected_version",
+     "p_tenant_id => 't', p_thread_id => 'th', p_expected_version => -1, p_state => '{}'"),
+    ("p_expected_version",
+     "p_tenant_id => 't', p_thread_id => 'th', p_expected_version => NULL, p_state => '{}'"),
+    ("p_history_limit", "p_tenant_id => 't', p_thread_id => 'th', p_expected_version => 0, "
+                        "p_state => '{}', p_history_limit => 0"),
+    ("p_tenant_id", f"p_tenant_id => '{LONG}', p_thread_id => 'th', p_expected_version => 0, "
+                    "p_state => '{}'"),
+    ("p_thread_id", f"p_tenant_id => 't', p_thread_id => '{LONG}', p_expected_version => 0, "
+                    "p_state => '{}'"),
+    ("p_user_id", f"p_tenant_id => 't', p_thread_id => 'th', p_expected_version => 0, "
+                  f"p_state => '{{}}', p_user_id => '{LONG}'"),
+    ("p_thread_id", "p_tenant_id => 't', p_thread_id => '', p_expected_version => 0, p_state => '{}'"),
+    ("p_tenant_id", "p_tenant_id => NULL, p_thread_id => 'th', p_expected_version => 0, "
+                    "p_state => '{}'"),
+]
+
+
+@pytest.mark.parametrize(("argument", "args"), BAD_SQL_CALLS)
+def test_bad_write_arguments_raise_rs005_and_write_nothing(conn: Conn, argument: str,
+                                                           args: str) -> None:
+    with pytest.raises(psycopg.Error) as err:
+        conn.execute(f"SELECT replaysafe.write_thread({args})")
+    assert err.value.sqlstate == "RS005"
+    assert argument in (err.value.diag.message_primary or "")
+    assert table_counts(conn) == (0, 0)
+
+
+@pytest.mark.parametrize("call", [
+    "replaysafe.read_thread(p_tenant_id => 't', p_thread_id => '{long}')",
+    "replaysafe.read_thread(p_tenant_id => 't', p_thread_id => NULL)",
+    "replaysafe.thread_history(p_tenant_id => 't', p_thread_id => 'th', p_limit => 0)",
+    "replaysafe.thread_history(p_tenant_id => '{long}', p_thread_id => 'th')",
+    "replaysafe.delete_thread(p_tenant_id => 't', p_thread_id => 'th', p_user_id => '')",
+])
+def test_bad_read_history_delete_arguments_raise_rs005(conn: Conn, call: str) -> None:
+    conn.execute("SELECT replaysafe.write_thread(p_tenant_id => 't', p_thread_id => 'th', "
+                 "p_expected_version => 0, p_state => '{}')")
+    with pytest.raises(psycopg.Error) as err:
+        conn.execute(f"SELECT * FROM {call.format(long=LONG)}")
+    assert err.value.sqlstate == "RS005"
+    assert conn.execute("SELECT version FROM replaysafe.threads").fetchone() == (1,)
+
+
+def test_driver_rejects_bad_input_before_or_at_the_server(threads: Threads, conn: Conn) -> None:
+    threads.write("th", {"a": 1}, 0)
+    for bad in (lambda: threads.write("th", [1, 2], 1),  # type: ignore[arg-type]
+                lambda: threads.write("th", {"nan": float("nan")}, 1),
+                lambda: threads.write("th", {"a": 2}, -1),
+                lambda: threads.write("th", {"a": 2}, 1, history_limit=0),
+                lambda: threads.write(LONG, {"a": 2}, 0),
+                lambda: threads.history("th", limit=0)):
+        with pytest.raises(InvalidArgument):
+            bad()
+    assert table_counts(conn) == (1, 1)
+    assert threads.read("th").version == 1
+
+
+# --- the driver's connection sources ---------------------------------------------------
+
+def test_threads_on_a_pool_and_on_a_connection(dsn: str) -> None:
+    with ConnectionPool(dsn, min_size=1, max_size=2, open=True) as pool:
+        assert Threads(pool, tenant_id="t1").write("th", {"a": 1}, 0) == 1
+    with psycopg.connect(dsn, autocommit=True) as c:
+        assert Threads(c, tenant_id="t1").read("th").state == {"a": 1}
+
+
+def test_async_threads(dsn: str) -> None:
+    async def scenario() -> None:
+        async with AsyncThreads(dsn, tenant_id="t1", user_id="u") as th:
+            assert (await th.read("th")).version == 0
+            assert await th.write("th", {"a": 1}, 0) == 1
+            assert await th.write("th", {"a": 2}, 1, history_limit=1) == 2
+            with pytest.raises(StaleStateError):
+                await th.write("th", {"a": 3}, 1)
+            assert [v.version for v in await th.history("th")] == [2]
+            assert (await th.read("th")).state == {"a": 2}
+            assert await th.delete("th") is True
+            assert (await th.read("th")).version == 3
+        async with AsyncThreads(dsn, tenant_id="t1", user_id="other") as other:
+            with pytest.raises(AccessDenied):
+                await other.read("th")
+
+    asyncio.run(scenario())
+
+
+# --- 8 concurrent writers --------------------------------------------------------------
+
+WRITERS, INCREMENTS = 8, 200
+
+
+def check_unbroken_chain(dsn: str, results: list[tuple[list[int], int]], how: str) -> None:
+    written = sorted(v for vs, _ in results for v in vs)
+    assert written == list(range(1, WRITERS * INCREMENTS + 1))
+    with Threads(dsn, tenant_id="t1") as th:
+        final = th.read("counter")
+        assert final.version == WRITERS * INCREMENTS
+        assert final.state is not None
+        assert final.state["n"] == WRITERS * INCREMENTS
+        assert final.state["by"] == {f"w{i}": INCREMENTS for i in range(WRITERS)}
+        history = th.history("counter", limit=10_000)
+    # Every kept version holds exactly its own count: no write was lost or applied twice.
+    assert [(h.version, h.state["n"]) for h in history] == [
+        (v, v) for v in range(WRITERS * INCREMENTS, 0, -1)]
+    stale = sum(s for _, s in results)
+    print(f"\n{how}: {WRITERS} writers x {INCREMENTS} increments, {stale} StaleStateErrors")
+
+
+def test_8_writers_on_separate_connections_lose_no_increment(dsn: str) -> None:
+    with ThreadPoolExecutor(WRITERS) as pool:
+        futures = [pool.submit(increment, dsn, "t1", "counter", f"w{i}", INCREMENTS)
+                   for i in range(WRITERS)]
+        results = [f.result(timeout=120) for f in futures]
+    check_unbroken_chain(dsn, results, "connections")
+
+
+def test_8_writer_processes_lose_no_increment(dsn: str) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(WRITERS) as pool:
+        pending = [pool.apply_async(increment, (dsn, "t1", "counter", f"w{i}", INCREMENTS))
+                   for i in range(WRITERS)]
+        results = [p.get(timeout=120) for p in pending]
+    check_unbroken_chain(dsn, results, "processes")
