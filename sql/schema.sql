@@ -569,19 +569,21 @@ BEGIN
         END IF;
     END IF;
 
-    -- The attempt row keeps the report. A superseded report does not erase an earlier
-    -- final report of the same attempt, except that a success always shows (the effect
-    -- happened, and multi_effect_actions must see it).
+    -- The attempt row keeps the report. A superseded report changes it only where the
+    -- attempt has no final report yet (none, or just "unknown"), or where it reports a
+    -- success the row does not show yet (the effect happened: multi_effect_actions must see
+    -- it). A repeated report of an attempt whose report was recorded (a client retrying a
+    -- commit that had in fact landed) leaves the recorded one as it is.
     UPDATE replaysafe.action_attempts t
-    SET outcome = CASE WHEN v_outcome <> 'superseded' OR t.outcome IS NULL
-                            OR t.outcome = 'unknown' OR p_state = 'succeeded'
-                       THEN p_state ELSE t.outcome END,
+    SET outcome = p_state,
         superseded = (v_outcome = 'superseded'),
         ended_at = coalesce(t.ended_at, p_now),
         result = coalesce(p_result, t.result),
         error = coalesce(p_error, t.error),
         provider_reference = coalesce(p_provider_reference, t.provider_reference)
-    WHERE t.tenant_id = p_tenant_id AND t.action_key = p_action_key AND t.attempt = p_attempt;
+    WHERE t.tenant_id = p_tenant_id AND t.action_key = p_action_key AND t.attempt = p_attempt
+      AND (v_outcome <> 'superseded' OR t.outcome IS NULL OR t.outcome = 'unknown'
+           OR (p_state = 'succeeded' AND t.outcome <> 'succeeded'));
     RETURN v_outcome;
 END
 $$;

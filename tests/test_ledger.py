@@ -281,6 +281,19 @@ def test_report_after_final_outcome_is_superseded(ledger: Ledger, conn: Any) -> 
     assert ledger.fail("k", c.attempt, {"n": 2}, now=at(2)) == "superseded"
     assert ledger.complete("k", c.attempt, {"n": 3}, now=at(3)) == "superseded"
     assert row(conn)["result"] == {"n": 1}
+    # The attempt's own recorded report stays as it was: it did reach the action.
+    a = attempts(conn)[0]
+    assert (a["outcome"], a["superseded"], a["result"], a["ended_at"]) == (
+        "succeeded", False, {"n": 1}, at(1))
+
+
+def test_success_reported_after_a_recorded_failure_still_shows(ledger: Ledger, conn: Any) -> None:
+    c = claim(ledger)
+    ledger.fail("k", c.attempt, {"e": "timeout"}, now=at(1))
+    assert ledger.complete("k", c.attempt, {"n": 1}, now=at(2)) == "superseded"
+    a = attempts(conn)[0]
+    assert (a["outcome"], a["superseded"]) == ("succeeded", True)
+    assert row(conn)["state"] == "failed"
 
 
 def test_report_after_resolution_is_superseded(ledger: Ledger, conn: Any) -> None:
