@@ -114,7 +114,7 @@ def run_demo(dsn: str, *, lease: timedelta = timedelta(seconds=1.5),
     provider = FakePayments(workdir / "provider.jsonl")
     workers: list[Worker] = []
     base = {"dsn": dsn, "tenant_id": TENANT, "provider_file": str(provider.path),
-            "threads_dir": str(workdir / "threads"), "lease": lease.total_seconds()}
+            "lease": lease.total_seconds()}
 
     def spawn(name: str, thread_id: str, *, use_ledger: bool, stall: bool) -> Worker:
         w = Worker(name, base | {"thread_id": thread_id, "use_ledger": use_ledger,
