@@ -36,17 +36,16 @@ from replaysafe_pg.execution import (
 from replaysafe_pg.models import Claim, ClaimOutcome, ReportOutcome
 from replaysafe_pg.run import (
     CHANNEL,
-    MIN_RECLAIM_WAIT,
     RECORD_RETRY_DELAYS,
     Plan,
     Report,
+    WaitClock,
     answered,
     claim_many_params,
     finish,
     not_recorded,
     started,
     timeout_error,
-    wait_seconds,
 )
 
 if TYPE_CHECKING:
@@ -111,19 +110,14 @@ async def wait(ledger: AsyncLedger, plan: Plan, claim: Claim) -> Claim:
     async with source.dedicated() as conn:
         await aexecute_on(conn, queries.get("listen_actions"))
         try:
-            floor, last_expiry = MIN_RECLAIM_WAIT, None
+            clock = WaitClock()
             while True:
                 rows = await aexecute_on(conn, queries.get("claim_action"), plan.claim_params)
                 claim = Claim.from_row(rows[0])
                 remaining = deadline - time.monotonic()
                 if claim.outcome is not ClaimOutcome.RUNNING or remaining <= 0:
                     return claim
-                if claim.lease_expires_at == last_expiry:
-                    floor = min(floor * 2, 1.0)
-                else:
-                    floor, last_expiry = MIN_RECLAIM_WAIT, claim.lease_expires_at
-                await _await_notify(conn, claim.idempotency_key,
-                                    wait_seconds(claim, floor, remaining))
+                await _await_notify(conn, claim.idempotency_key, clock.seconds(claim, remaining))
         finally:
             if source.dsn is None and not conn.closed and not conn.broken:
                 await aexecute_on(conn, queries.get("unlisten_actions"))

@@ -207,10 +207,23 @@ def not_recorded(pending: Execution, last: BaseException | None) -> OutcomeNotRe
         f"recorded: {last}", execution=pending)
 
 
-def wait_seconds(claim: Claim, floor: float, remaining: float) -> float:
-    assert claim.lease_expires_at is not None
-    until_expiry = (claim.lease_expires_at - datetime.now(UTC)).total_seconds()
-    return min(remaining, max(until_expiry, floor))
+class WaitClock:
+    """How long a waiter sleeps before claiming again: until the owner's lease ends (a
+    NOTIFY may wake it sooner). If the lease looks over but the claim still answers
+    "running" (clock skew), back off from MIN_RECLAIM_WAIT, doubling up to a second."""
+
+    def __init__(self) -> None:
+        self.floor = MIN_RECLAIM_WAIT
+        self.last_expiry: datetime | None = None
+
+    def seconds(self, claim: Claim, remaining: float) -> float:
+        assert claim.lease_expires_at is not None
+        if claim.lease_expires_at == self.last_expiry:
+            self.floor = min(self.floor * 2, 1.0)
+        else:
+            self.floor, self.last_expiry = MIN_RECLAIM_WAIT, claim.lease_expires_at
+        until_expiry = (claim.lease_expires_at - datetime.now(UTC)).total_seconds()
+        return min(remaining, max(until_expiry, self.floor))
 
 
 class _TimedOut(Exception):
@@ -284,18 +297,14 @@ def wait(ledger: Ledger, plan: Plan, claim: Claim) -> Claim:
     with source.dedicated() as conn:
         execute_on(conn, queries.get("listen_actions"))
         try:
-            floor, last_expiry = MIN_RECLAIM_WAIT, None
+            clock = WaitClock()
             while True:
                 claim = Claim.from_row(execute_on(conn, queries.get("claim_action"),
                                                   plan.claim_params)[0])
                 remaining = deadline - time.monotonic()
                 if claim.outcome is not ClaimOutcome.RUNNING or remaining <= 0:
                     return claim
-                if claim.lease_expires_at == last_expiry:
-                    floor = min(floor * 2, 1.0)
-                else:
-                    floor, last_expiry = MIN_RECLAIM_WAIT, claim.lease_expires_at
-                _await_notify(conn, claim.idempotency_key, wait_seconds(claim, floor, remaining))
+                _await_notify(conn, claim.idempotency_key, clock.seconds(claim, remaining))
         finally:
             if source.dsn is None and not conn.closed and not conn.broken:
                 # A pooled or the caller's own connection goes back without our LISTEN.
