@@ -3,18 +3,25 @@
 Every call is one round trip on an autocommit connection. A caller's own non-autocommit
 connection is respected: inside the caller's transaction the call joins it; on an idle
 connection it runs in a transaction of its own, committed at once.
+
+Long tasks (LISTEN while waiting for another attempt, heartbeats) never run on a connection
+that ordinary calls use: psycopg holds a connection's lock for the whole wait, which would
+stall the heartbeats and records of every other call on it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, LiteralString, TypeAlias
 
 import psycopg
+from psycopg.conninfo import make_conninfo
 from psycopg.pq import TransactionStatus
+from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from replaysafe_pg.errors import wrap_errors
@@ -22,21 +29,32 @@ from replaysafe_pg.errors import wrap_errors
 Conninfo: TypeAlias = "str | psycopg.Connection[Any] | ConnectionPool[Any]"
 AsyncConninfo: TypeAlias = "str | psycopg.AsyncConnection[Any] | AsyncConnectionPool[Any]"
 
+log = logging.getLogger("replaysafe_pg")
+
 
 def _usable(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any] | None) -> bool:
     return conn is not None and not conn.closed and not conn.broken
 
 
+def _full_conninfo(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> str:
+    """The options a live connection was made with, password included (``conn.info.dsn``
+    hides it), so that a second connection to the same place can be opened."""
+    options = {o.keyword.decode(): o.val.decode() for o in conn.pgconn.info if o.val is not None}
+    return make_conninfo(**options)
+
+
 def execute_on(conn: psycopg.Connection[Any], query: LiteralString,
                params: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
     """One statement on ``conn``: joins an open transaction, else commits at once.
-    Statements without a result (LISTEN) answer ``[]``."""
+    Rows are tuples whatever the connection's row factory. Statements without a result
+    (LISTEN) answer ``[]``."""
     with wrap_errors():
+        cur = conn.cursor(row_factory=tuple_row)
         if conn.autocommit or conn.info.transaction_status != TransactionStatus.IDLE:
-            cur = conn.execute(query, params)
+            cur.execute(query, params)
             return cur.fetchall() if cur.description is not None else []
         with conn.transaction():
-            cur = conn.execute(query, params)
+            cur.execute(query, params)
             return cur.fetchall() if cur.description is not None else []
 
 
@@ -44,11 +62,12 @@ async def aexecute_on(conn: psycopg.AsyncConnection[Any], query: LiteralString,
                       params: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
     """See :func:`execute_on`."""
     with wrap_errors():
+        cur = conn.cursor(row_factory=tuple_row)
         if conn.autocommit or conn.info.transaction_status != TransactionStatus.IDLE:
-            cur = await conn.execute(query, params)
+            await cur.execute(query, params)
             return await cur.fetchall() if cur.description is not None else []
         async with conn.transaction():
-            cur = await conn.execute(query, params)
+            await cur.execute(query, params)
             return await cur.fetchall() if cur.description is not None else []
 
 
@@ -61,6 +80,9 @@ class SyncSource:
             raise TypeError("expected a DSN, a psycopg Connection or a psycopg_pool ConnectionPool")
         self._own: psycopg.Connection[Any] | None = None
         self._lock = threading.Lock()
+        # A caller's connection is shared by our threads (run_many, heartbeats): the check
+        # of its transaction status and the statement must not interleave.
+        self._given_lock = threading.Lock()
 
     @property
     def can_reconnect(self) -> bool:
@@ -68,14 +90,22 @@ class SyncSource:
         connection cannot."""
         return self._given is None
 
+    @property
+    def pooled(self) -> bool:
+        return self._pool is not None
+
     def connect(self) -> psycopg.Connection[Any]:
-        assert self.dsn is not None
-        return psycopg.connect(self.dsn, autocommit=True)
+        """A new autocommit connection of our own: from the DSN, or, given a connection, to
+        the same database as that one."""
+        if self.dsn is not None:
+            return psycopg.connect(self.dsn, autocommit=True)
+        assert self._given is not None
+        return psycopg.connect(_full_conninfo(self._given), autocommit=True)
 
     @contextlib.contextmanager
     def dedicated(self) -> Iterator[psycopg.Connection[Any]]:
         """A connection for one long task (LISTEN, heartbeats): new from a DSN, borrowed
-        from a pool, or, given a single connection, that connection itself."""
+        from a pool, or, given a single connection, a second one to the same database."""
         if self.dsn is not None:
             with self.connect() as conn:
                 yield conn
@@ -84,7 +114,15 @@ class SyncSource:
                 yield conn
         else:
             assert self._given is not None
-            yield self._given
+            try:
+                second = self.connect()
+            except psycopg.OperationalError as exc:
+                log.warning("replaysafe_pg: cannot open a second connection (%s); waits and "
+                            "heartbeats share the given one and may delay each other", exc)
+                yield self._given
+                return
+            with second:
+                yield second
 
     @contextlib.contextmanager
     def connection(self) -> Iterator[psycopg.Connection[Any]]:
@@ -103,11 +141,11 @@ class SyncSource:
         yield conn
 
     def execute(self, query: LiteralString, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        if self._given is not None:
+            with self._given_lock:
+                return execute_on(self._given, query, params)
         with wrap_errors(), self.connection() as conn:
-            if conn.autocommit or conn.info.transaction_status != TransactionStatus.IDLE:
-                return conn.execute(query, params).fetchall()
-            with conn.transaction():
-                return conn.execute(query, params).fetchall()
+            return execute_on(conn, query, params)
 
     def close(self) -> None:
         with self._lock:
@@ -126,6 +164,7 @@ class AsyncSource:
                 "expected a DSN, a psycopg AsyncConnection or a psycopg_pool AsyncConnectionPool")
         self._own: psycopg.AsyncConnection[Any] | None = None
         self._lock: asyncio.Lock | None = None
+        self._given_lock: asyncio.Lock | None = None
 
     @property
     def can_reconnect(self) -> bool:
@@ -133,8 +172,11 @@ class AsyncSource:
         return self._given is None
 
     async def connect(self) -> psycopg.AsyncConnection[Any]:
-        assert self.dsn is not None
-        return await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
+        """See :meth:`SyncSource.connect`."""
+        if self.dsn is not None:
+            return await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
+        assert self._given is not None
+        return await psycopg.AsyncConnection.connect(_full_conninfo(self._given), autocommit=True)
 
     @contextlib.asynccontextmanager
     async def dedicated(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
@@ -147,7 +189,15 @@ class AsyncSource:
                 yield conn
         else:
             assert self._given is not None
-            yield self._given
+            try:
+                second = await self.connect()
+            except psycopg.OperationalError as exc:
+                log.warning("replaysafe_pg: cannot open a second connection (%s); waits and "
+                            "heartbeats share the given one and may delay each other", exc)
+                yield self._given
+                return
+            async with second:
+                yield second
 
     @contextlib.asynccontextmanager
     async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
@@ -168,12 +218,14 @@ class AsyncSource:
         yield conn
 
     async def execute(self, query: LiteralString, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        if self._given is not None:
+            if self._given_lock is None:
+                self._given_lock = asyncio.Lock()
+            async with self._given_lock:
+                return await aexecute_on(self._given, query, params)
         with wrap_errors():
             async with self.connection() as conn:
-                if conn.autocommit or conn.info.transaction_status != TransactionStatus.IDLE:
-                    return await (await conn.execute(query, params)).fetchall()
-                async with conn.transaction():
-                    return await (await conn.execute(query, params)).fetchall()
+                return await aexecute_on(conn, query, params)
 
     async def close(self) -> None:
         if self._own is not None:

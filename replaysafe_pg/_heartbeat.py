@@ -121,9 +121,11 @@ class Heartbeater:
 
     def _execute(self, params: dict[str, Any]) -> None:
         query = queries.get("heartbeat_action")
-        if self._source.dsn is None:
-            self._source.execute(query, params)  # a pool lends one per beat; a given connection is shared
+        if self._source.pooled:
+            self._source.execute(query, params)  # a pool lends one per beat
             return
+        # Our own autocommit connection, also when the ledger was given one: a heartbeat
+        # must commit at once, never wait in (or join) the caller's transaction.
         if self._conn is None or self._conn.closed or self._conn.broken:
             self._conn = self._source.connect()
         execute_on(self._conn, query, params)

@@ -153,6 +153,10 @@ async def _heartbeat(ledger: AsyncLedger, plan: Plan, ticket: Ticket) -> None:
             log.warning("heartbeat for action %r (attempt %d) failed, retrying: %s",
                         plan.key, ticket.attempt, exc)
             await asyncio.sleep(ticket.interval / 2)
+        except Exception:
+            # As the sync heartbeat does: never die silently while the tool still runs.
+            log.exception("heartbeat for action %r (attempt %d) failed", plan.key, ticket.attempt)
+            await asyncio.sleep(ticket.interval / 2)
 
 
 def _consume(task: asyncio.Task[None]) -> None:
@@ -250,12 +254,11 @@ async def _record(ledger: AsyncLedger, report: Report, pending: Execution) -> Re
                 break
             await asyncio.sleep(delay)
             try:
-                action = await ledger.get(pending.action_key)
+                attempts = await ledger.attempts(pending.action_key)
             except RETRY_ERRORS as exc:
                 last = exc
                 continue
-            if (action is not None and action.attempt == pending.attempt
-                    and action.state == report.state):
+            if report.landed(attempts, pending.attempt):
                 return ReportOutcome.RECORDED
         try:
             return ReportOutcome((await source.execute(query, report.params))[0][0])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import json
 import logging
 import threading
 import time
@@ -37,7 +38,7 @@ from replaysafe_pg.execution import (
     tool_info,
     tool_kwargs,
 )
-from replaysafe_pg.models import ActionState, Claim, ClaimOutcome, ReportOutcome
+from replaysafe_pg.models import ActionState, Attempt, Claim, ClaimOutcome, ReportOutcome
 
 if TYPE_CHECKING:
     from replaysafe_pg.ledger import Lease, Ledger, _LedgerBase
@@ -154,6 +155,17 @@ class Report:
         self.name = name
         self.params = params
         self.state = state
+
+    def landed(self, attempts: list[Attempt], attempt: int) -> bool:
+        """Did this very report commit although its answer was lost? Only if the attempt's
+        row shows our outcome with the value we sent, and the report reached the action
+        (a sweep also leaves an "unknown" outcome, with an error of its own)."""
+        row = next((a for a in attempts if a.attempt == attempt), None)
+        if row is None or row.outcome != self.state or row.superseded:
+            return False
+        field = "result" if self.state == ActionState.SUCCEEDED else "error"
+        sent = self.params.get(field)
+        return sent is not None and getattr(row, field) == json.loads(sent)
 
     @classmethod
     def success(cls, ledger: _LedgerBase, plan: Plan, attempt: int, text: str) -> Report:
@@ -403,8 +415,8 @@ def _call(plan: Plan, kwargs: dict[str, Any]) -> Any:
 def record(ledger: Ledger, ticket: Ticket, report: Report, pending: Execution) -> ReportOutcome:
     """Write the attempt's report; after a connection error retry on a fresh connection.
 
-    A retry first reads the action: if the lost answer had in fact committed, the report is
-    not sent again (a second send would answer ``superseded``).
+    A retry first reads the attempt's row: if the lost answer had in fact committed, the
+    report is not sent again (a second send would answer ``superseded``).
     """
     ticket.recording = True
     source = ledger._source
@@ -416,12 +428,11 @@ def record(ledger: Ledger, ticket: Ticket, report: Report, pending: Execution) -
                 break
             time.sleep(delay)
             try:
-                action = ledger.get(pending.action_key)
+                attempts = ledger.attempts(pending.action_key)
             except RETRY_ERRORS as exc:
                 last = exc
                 continue
-            if (action is not None and action.attempt == pending.attempt
-                    and action.state == report.state):
+            if report.landed(attempts, pending.attempt):
                 return ReportOutcome.RECORDED
         try:
             return ReportOutcome(source.execute(query, report.params)[0][0])

@@ -517,10 +517,16 @@ DECLARE
     a         replaysafe.actions;
     v_outcome text;
     v_final   timestamptz := CASE WHEN p_state IN ('succeeded', 'failed') THEN p_now END;
+    v_prior   replaysafe.action_state;
+    v_claimed timestamptz;
 BEGIN
     IF NOT (replaysafe._id_ok(p_tenant_id) AND replaysafe._id_ok(p_action_key)) THEN
         PERFORM replaysafe._check_id('p_tenant_id', p_tenant_id);
         PERFORM replaysafe._check_id('p_action_key', p_action_key);
+    END IF;
+    -- Only the public report functions call this, but it is callable: never "running".
+    IF p_state IS NULL OR p_state = 'running' THEN
+        PERFORM replaysafe._invalid('p_state', 'a report sets succeeded, failed, retryable or unknown');
     END IF;
     IF p_attempt IS NULL OR p_attempt < 1 THEN
         PERFORM replaysafe._invalid('p_attempt', 'must be a positive attempt number');
@@ -557,7 +563,14 @@ BEGIN
             PERFORM replaysafe._raise('RS006', format(
                 'action %s has no attempt %s (latest is %s)', p_action_key, p_attempt, a.attempt));
         END IF;
-        IF a.attempt = p_attempt AND a.state IN ('unknown', 'retryable') THEN
+        SELECT t.outcome, t.claimed_at INTO v_prior, v_claimed
+        FROM replaysafe.action_attempts t
+        WHERE t.tenant_id = p_tenant_id AND t.action_key = p_action_key AND t.attempt = p_attempt;
+        -- Late: still this attempt's action, which left running without a final report from
+        -- it (expiry, or its own "unknown"), and no operator has decided it since.
+        IF a.attempt = p_attempt AND a.state IN ('unknown', 'retryable')
+           AND (v_prior IS NULL OR v_prior = 'unknown')
+           AND (a.resolved_at IS NULL OR a.resolved_at < v_claimed) THEN
             v_outcome := 'late';
             UPDATE replaysafe.actions x
             SET state = p_state, result = p_result, error = p_error,

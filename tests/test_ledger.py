@@ -260,6 +260,29 @@ def test_report_after_own_mark_unknown_is_late(ledger: Ledger, conn: Any) -> Non
     assert row(conn)["state"] == "succeeded"
 
 
+def test_report_after_own_retryable_failure_is_superseded(ledger: Ledger, conn: Any) -> None:
+    c = claim(ledger)
+    assert ledger.fail("k", c.attempt, {"e": "503"}, retryable=True, now=at(1)) == "recorded"
+    # The attempt already made its final report: a later one does not rewrite it.
+    assert ledger.complete("k", c.attempt, {"id": 1}, now=at(2)) == "superseded"
+    assert row(conn)["state"] == "retryable"
+    assert claim(ledger, seconds=3).outcome == "claimed"
+
+
+def test_zombie_report_cannot_overturn_an_operator_resolution(ledger: Ledger, conn: Any) -> None:
+    c = claim(ledger)
+    ledger.sweep(now=at(31))
+    ledger.resolve("k", "retryable", note="checked: not charged", now=at(40))
+    assert ledger.fail("k", c.attempt, {"e": "late"}, now=at(41)) == "superseded"
+    assert row(conn)["state"] == "retryable"
+    second = claim(ledger, seconds=42)
+    assert (second.outcome, second.attempt) == ("claimed", 2)
+    # The resolution was about attempt 1: attempt 2's own late report still resolves.
+    ledger.sweep(now=at(80))
+    assert ledger.complete("k", second.attempt, {"id": 2}, now=at(81)) == "late"
+    assert row(conn)["state"] == "succeeded"
+
+
 def test_stale_attempt_report_is_superseded_and_never_overwrites(ledger: Ledger, conn: Any) -> None:
     claim(ledger, on_expired="reclaim")
     new = claim(ledger, seconds=31)

@@ -1,0 +1,128 @@
+"""The driver over a caller's own connection: any row factory, shared by threads, and long
+waits/heartbeats kept off it."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.rows import dict_row
+
+from replaysafe_pg import AsyncLedger, Ledger, StaleStateError, Threads
+from replaysafe_pg._conn import AsyncSource, SyncSource
+
+
+def test_dict_row_connection_still_gets_typed_values(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as conn:
+        led = Ledger(conn, tenant_id="t1")
+        c = led.claim("k", "op", {"a": 1})
+        assert (c.outcome, c.attempt) == ("claimed", 1)
+        assert led.complete("k", c.attempt, {"ok": 1}) == "recorded"
+        assert led.get("k") is not None
+        threads = Threads(conn, tenant_id="t1")
+        assert threads.write("th", {"n": 1}, expected_version=0) == 1
+        state = threads.read("th")
+        assert (state.version, state.state) == (1, {"n": 1})
+
+
+def test_async_dict_row_connection(dsn: str) -> None:
+    async def body() -> None:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True,
+                                                         row_factory=dict_row) as conn:
+            led = AsyncLedger(conn, tenant_id="t1")
+            c = await led.claim("k", "op", {})
+            assert c.outcome == "claimed"
+
+    asyncio.run(body())
+
+
+def test_shared_non_autocommit_connection_across_threads_loses_nothing(dsn: str) -> None:
+    """Two threads on one idle, non-autocommit connection: each call is its own committed
+    transaction, none joins or strands the other's."""
+    errors: list[BaseException] = []
+    with psycopg.connect(dsn) as conn:
+        threads = Threads(conn, tenant_id="t1")
+
+        def writer(thread_id: str) -> None:
+            version = 0
+            try:
+                for i in range(100):
+                    version = threads.write(thread_id, {"i": i}, expected_version=version)
+            except BaseException as exc:
+                errors.append(exc)
+
+        def stale(thread_id: str) -> None:
+            for _ in range(100):
+                try:
+                    threads.write(thread_id, {"x": 1}, expected_version=0)
+                except StaleStateError:
+                    pass
+                except BaseException as exc:
+                    errors.append(exc)
+
+        workers = [threading.Thread(target=writer, args=("a",)),
+                   threading.Thread(target=stale, args=("a",))]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert errors == []
+    with psycopg.connect(dsn, autocommit=True) as check:
+        version = check.execute("SELECT version FROM replaysafe.read_thread('t1', 'a')").fetchone()
+    assert version == (100,)
+
+
+@pytest.mark.parametrize("autocommit", [True, False])
+def test_long_tasks_get_a_connection_of_their_own(dsn: str, autocommit: bool) -> None:
+    with psycopg.connect(dsn, autocommit=autocommit) as conn:
+        source = SyncSource(conn)
+        with source.dedicated() as other:
+            assert other is not conn
+            assert other.autocommit
+            assert other.info.backend_pid != conn.info.backend_pid
+
+
+def test_async_long_tasks_get_a_connection_of_their_own(dsn: str) -> None:
+    async def body() -> None:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            source = AsyncSource(conn)
+            async with source.dedicated() as other:
+                assert other is not conn
+                assert other.info.backend_pid != conn.info.backend_pid
+
+    asyncio.run(body())
+
+
+def test_a_waiting_call_does_not_stall_a_sibling_heartbeat(dsn: str) -> None:
+    """run_many on one given connection: one call waits for another worker's lease while a
+    slow sibling runs past its own lease. The sibling's heartbeats must keep it alive."""
+    with Ledger(dsn, tenant_id="t1", worker_id="other") as holder:
+        holder.claim("busy", "op", {}, lease=timedelta(seconds=4))
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        led = Ledger(conn, tenant_id="t1", worker_id="me")
+
+        def slow() -> dict[str, Any]:
+            time.sleep(2.5)
+            return {"ok": True}
+
+        def never() -> None:  # "busy" is held by another worker: this never runs
+            raise AssertionError("ran a held action")
+
+        swept: list[int] = []
+        sweeper = threading.Timer(2.0, lambda: swept.append(Ledger(dsn).sweep()))
+        sweeper.start()
+        try:
+            busy, mine = led.run_many([("op", never, {}, "busy"), ("op", slow, {}, "mine")],
+                                      lease=1.5, wait_timeout=3.0)
+        finally:
+            sweeper.join()
+        led.close()
+    assert swept == [0]  # nothing expired: "mine" was kept alive by its heartbeats
+    assert (mine.status, mine.lease_lost, mine.replay) == ("succeeded", False, False)
+    assert busy.status == "running"
