@@ -543,6 +543,9 @@ def main() -> None:
         if version is None:
             print(f"SKIP {peer}: `import {PEER_MODULES[peer]}` fails -- "
                   f"pip install -e '.[bench-peers]' to measure it")
+    if not any(versions.values()):
+        print("no peer to measure against")
+        return
     tmp = Path(tempfile.mkdtemp(prefix="rs-peers-bench-", dir="/tmp"))
     server = embedded.start(tmp / "pgdata")  # default settings: fsync, synchronous_commit on
     try:
