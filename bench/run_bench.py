@@ -39,14 +39,21 @@ DBOS_ONE_STEP = 163.0  # ops/s, docs ANCHORS (c=1)
 WRAPPED_SQL_FLOOR = 2700.0  # ops/s, ANCHORS: claim+complete as plpgsql functions (c=1)
 
 
-class CountingConnection(psycopg.Connection[Any]):
-    """Counts statements sent: each is one round trip on an autocommit connection."""
-
-    statements = 0
+class CountingCursor(psycopg.Cursor[Any]):
+    """Counts statements sent: each is one round trip on an autocommit connection. Counted
+    at the cursor, which ``Connection.execute`` and the driver's own cursors both use."""
 
     def execute(self, query: Any, params: Any = None, **kw: Any) -> Any:  # type: ignore[override]
         CountingConnection.statements += 1
         return super().execute(query, params, **kw)
+
+
+class CountingConnection(psycopg.Connection[Any]):
+    statements = 0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.cursor_factory = CountingCursor
 
 
 def noop(i: int) -> dict[str, int]:

@@ -20,7 +20,7 @@ from typing import Any, LiteralString, TypeAlias
 
 import psycopg
 from psycopg.conninfo import make_conninfo
-from psycopg.pq import TransactionStatus
+from psycopg.pq import ExecStatus, TransactionStatus
 from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
@@ -52,10 +52,17 @@ def execute_on(conn: psycopg.Connection[Any], query: LiteralString,
         cur = conn.cursor(row_factory=tuple_row)
         if conn.autocommit or conn.info.transaction_status != TransactionStatus.IDLE:
             cur.execute(query, params)
-            return cur.fetchall() if cur.description is not None else []
+            return cur.fetchall() if _has_rows(cur) else []
         with conn.transaction():
             cur.execute(query, params)
-            return cur.fetchall() if cur.description is not None else []
+            return cur.fetchall() if _has_rows(cur) else []
+
+
+def _has_rows(cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> bool:
+    # The result status, not cur.description: that builds a Column object per column on
+    # every access, a measurable part of a replay's client time.
+    result = cur.pgresult
+    return result is not None and result.status == ExecStatus.TUPLES_OK
 
 
 async def aexecute_on(conn: psycopg.AsyncConnection[Any], query: LiteralString,
@@ -65,10 +72,10 @@ async def aexecute_on(conn: psycopg.AsyncConnection[Any], query: LiteralString,
         cur = conn.cursor(row_factory=tuple_row)
         if conn.autocommit or conn.info.transaction_status != TransactionStatus.IDLE:
             await cur.execute(query, params)
-            return await cur.fetchall() if cur.description is not None else []
+            return await cur.fetchall() if _has_rows(cur) else []
         async with conn.transaction():
             await cur.execute(query, params)
-            return await cur.fetchall() if cur.description is not None else []
+            return await cur.fetchall() if _has_rows(cur) else []
 
 
 class SyncSource:
