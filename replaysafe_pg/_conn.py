@@ -109,6 +109,11 @@ class SyncSource:
         assert self._given is not None
         return psycopg.connect(_full_conninfo(self._given), autocommit=True)
 
+    def outlives(self, conn: psycopg.Connection[Any]) -> bool:
+        """Is ``conn`` (from :meth:`dedicated`) used again afterwards: pooled, or the given
+        connection itself? Then session state such as LISTEN must be undone."""
+        return self._pool is not None or conn is self._given
+
     @contextlib.contextmanager
     def dedicated(self) -> Iterator[psycopg.Connection[Any]]:
         """A connection for one long task (LISTEN, heartbeats): new from a DSN, borrowed
@@ -184,6 +189,10 @@ class AsyncSource:
             return await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
         assert self._given is not None
         return await psycopg.AsyncConnection.connect(_full_conninfo(self._given), autocommit=True)
+
+    def outlives(self, conn: psycopg.AsyncConnection[Any]) -> bool:
+        """See :meth:`SyncSource.outlives`."""
+        return self._pool is not None or conn is self._given
 
     @contextlib.asynccontextmanager
     async def dedicated(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:

@@ -119,7 +119,7 @@ async def wait(ledger: AsyncLedger, plan: Plan, claim: Claim) -> Claim:
                     return claim
                 await _await_notify(conn, claim.idempotency_key, clock.seconds(claim, remaining))
         finally:
-            if source.dsn is None and not conn.closed and not conn.broken:
+            if source.outlives(conn) and not conn.closed and not conn.broken:
                 await aexecute_on(conn, queries.get("unlisten_actions"))
 
 

@@ -318,8 +318,9 @@ def wait(ledger: Ledger, plan: Plan, claim: Claim) -> Claim:
                     return claim
                 _await_notify(conn, claim.idempotency_key, clock.seconds(claim, remaining))
         finally:
-            if source.dsn is None and not conn.closed and not conn.broken:
-                # A pooled or the caller's own connection goes back without our LISTEN.
+            if source.outlives(conn) and not conn.closed and not conn.broken:
+                # A pooled (or, failing a second one, the caller's) connection goes back
+                # without our LISTEN; a connection of our own is simply closed.
                 execute_on(conn, queries.get("unlisten_actions"))
 
 
