@@ -307,6 +307,7 @@ def doctor(ctx: click.Context, conn: psycopg.Connection[Any]) -> None:
                        "could not create roles; create it and migrate again)"})
     counts: dict[str, int] = {}
     if current is not None:
+        checks += _schema_object_checks(_rows(conn, "schema_objects"))
         for table in _rows(conn, "table_rls"):
             checks.append({"check": f"row-level security on {table['table_name']}",
                            "ok": table["rls_enabled"],
@@ -325,6 +326,33 @@ def doctor(ctx: click.Context, conn: psycopg.Connection[Any]) -> None:
                        "revision": current, "head": head})
     if not ok:
         ctx.exit(EXIT_ATTENTION)
+
+
+def _schema_object_checks(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Objects the migration did not create, objects of another owner, functions whose
+    search_path is not pinned: each can run a stranger's code as the schema owner."""
+    expected = schema.expected_objects()
+    seen_functions: dict[str, int] = {}
+    foreign, strangers, unpinned = [], [], []
+    for o in objects:
+        label = f"{o['kind']} {o['signature']}"
+        if not o["owned_by_schema_owner"]:
+            foreign.append(f"{label} (owner {o['owner']})")
+        if o["kind"] == "function":
+            seen_functions[o["name"]] = seen_functions.get(o["name"], 0) + 1
+            if not o["search_path_pinned"]:
+                unpinned.append(label)
+        if (o["name"] not in expected.get(o["kind"], set())
+                or (o["kind"] == "function" and seen_functions[o["name"]] > 1)):
+            strangers.append(label)
+    return [
+        {"check": "schema objects created by the migration", "ok": not strangers,
+         "detail": "yes" if not strangers else "NOT created by the migration: " + ", ".join(strangers)},
+        {"check": "schema objects owned by the schema owner", "ok": not foreign,
+         "detail": "yes" if not foreign else "owned by another role: " + ", ".join(foreign)},
+        {"check": "functions pin search_path", "ok": not unpinned,
+         "detail": "yes" if not unpinned else "NOT pinned: " + ", ".join(unpinned)},
+    ]
 
 
 # --- actions --------------------------------------------------------------------------------

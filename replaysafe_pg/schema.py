@@ -39,6 +39,24 @@ def schema_sql() -> str:
     return (sql_dir() / "schema.sql").read_text(encoding="utf-8")
 
 
+def expected_objects() -> dict[str, set[str]]:
+    """What the migration creates in the schema, by kind (read from ``sql/schema.sql``):
+    ``doctor`` reports anything else, and every function name is expected once."""
+    import re
+
+    text = schema_sql()
+    tables = set(re.findall(r"CREATE TABLE replaysafe\.(\w+)", text)) | {VERSION_TABLE}
+    indexes = (set(re.findall(r"CREATE INDEX (\w+) ON replaysafe\.", text))
+               | {f"{t}_pkey" for t in tables - {VERSION_TABLE}} | {f"{VERSION_TABLE}_pkc"})
+    return {
+        "table": tables,
+        "view": set(re.findall(r"CREATE VIEW replaysafe\.(\w+)", text)),
+        "index": indexes,
+        "function": set(re.findall(r"CREATE FUNCTION replaysafe\.(\w+)\(", text)),
+        "type": set(re.findall(r"CREATE TYPE replaysafe\.(\w+)", text)),
+    }
+
+
 def sqlalchemy_url(dsn: str) -> str:
     """A libpq URI or key=value DSN as a SQLAlchemy URL for the psycopg 3 dialect."""
     if dsn.startswith(("postgresql+psycopg://", "postgresql+psycopg:")):
@@ -75,11 +93,68 @@ def run_revision_sql(revision_file: str, name: str, connection: Connection | Non
     driver_conn.execute(sql)
 
 
+# Run before any revision, in the migration's transaction: take the migration lock, resolve
+# every name in pg_catalog first (a hostile overload in public must not run as the migrating
+# role; the caller's search_path is restored afterwards), and create the schema — or refuse
+# one that the migration did not create or that another role owns (a squatter's function
+# would otherwise later run as the owner).
+PREPARE_SQL = f"""
+SELECT pg_catalog.pg_advisory_xact_lock({MIGRATION_LOCK_KEY});
+SELECT pg_catalog.set_config('replaysafe.outer_search_path', pg_catalog.current_setting('search_path'), true);
+SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
+DO $guard$
+DECLARE
+    v_owner oid;
+    v_me    oid := (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user);
+BEGIN
+    SELECT n.nspowner INTO v_owner FROM pg_catalog.pg_namespace n WHERE n.nspname = '{SCHEMA}';
+    IF NOT FOUND THEN
+        CREATE SCHEMA {SCHEMA};
+        RETURN;
+    END IF;
+    IF v_owner <> v_me THEN
+        RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = pg_catalog.format(
+            'schema {SCHEMA} is owned by role %s, not by %s: migrate as its owner, or drop a '
+            'schema that replaysafe_pg did not create', v_owner::pg_catalog.regrole, current_user);
+    END IF;
+    IF pg_catalog.to_regclass('{SCHEMA}.{VERSION_TABLE}') IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '42P06', MESSAGE =
+            'schema {SCHEMA} exists but replaysafe_pg''s migration did not create it '
+            '(it has no {SCHEMA}.{VERSION_TABLE}): refusing to install into it';
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.relnamespace = '{SCHEMA}'::pg_catalog.regnamespace
+                 AND c.relowner <> v_owner
+               UNION ALL
+               SELECT 1 FROM pg_catalog.pg_proc p WHERE p.pronamespace = '{SCHEMA}'::pg_catalog.regnamespace
+                 AND p.proowner <> v_owner
+               UNION ALL
+               SELECT 1 FROM pg_catalog.pg_type t WHERE t.typnamespace = '{SCHEMA}'::pg_catalog.regnamespace
+                 AND t.typowner <> v_owner
+               UNION ALL
+               SELECT 1 FROM pg_catalog.pg_operator o
+               WHERE o.oprnamespace = '{SCHEMA}'::pg_catalog.regnamespace AND o.oprowner <> v_owner) THEN
+        RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE =
+            'schema {SCHEMA} holds objects owned by another role than its owner: refusing to '
+            'migrate (run `replaysafe-pg doctor` to list them)';
+    END IF;
+END
+$guard$;
+"""
+
+RESTORE_SQL = ("SELECT pg_catalog.set_config('search_path', "
+               "pg_catalog.current_setting('replaysafe.outer_search_path'), true)")
+
+
 def _lock_and_prepare(connection: Connection) -> None:
+    driver_conn = connection.connection.driver_connection
+    assert driver_conn is not None
+    driver_conn.execute(PREPARE_SQL)  # simple-query protocol: several statements
+
+
+def _restore(connection: Connection) -> None:
     import sqlalchemy as sa
 
-    connection.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATION_LOCK_KEY})
-    connection.execute(sa.text(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}"))
+    connection.execute(sa.text(RESTORE_SQL))
 
 
 def _context_opts() -> dict[str, Any]:
@@ -107,6 +182,7 @@ def _run(connection: Connection, destination: str, *, downgrade: bool) -> None:
     ctx = MigrationContext.configure(connection, opts=opts)
     _lock_and_prepare(connection)
     ctx.run_migrations(connection=connection)
+    _restore(connection)
 
 
 @contextlib.contextmanager
@@ -178,9 +254,9 @@ def run_from_alembic_env(context: Any) -> None:
                           **_context_opts())
         with context.begin_transaction():
             # The printed script is as safe to run from several places at once as migrate().
-            context.execute(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK_KEY})")
-            context.execute(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}")
+            context.execute(PREPARE_SQL.replace(":", r"\:"))
             context.run_migrations()
+            context.execute(RESTORE_SQL)
         return
     if not dsn:
         raise SystemExit("no database: pass -x dsn=..., set REPLAYSAFE_DSN or sqlalchemy.url")
@@ -192,5 +268,6 @@ def run_from_alembic_env(context: Any) -> None:
             with context.begin_transaction():
                 _lock_and_prepare(conn)
                 context.run_migrations(connection=conn)
+                _restore(conn)
     finally:
         engine.dispose()

@@ -6,10 +6,15 @@
 SELECT current_setting('server_version') AS server_version, current_user::text AS role, current_database()::text AS database
 
 -- name: group_roles --
-SELECT r.name, EXISTS (SELECT 1 FROM pg_catalog.pg_roles p WHERE p.rolname = r.name) AS present FROM unnest(ARRAY['replaysafe_worker', 'replaysafe_auditor']) AS r(name) ORDER BY r.name
+SELECT r.name, EXISTS (SELECT 1 FROM pg_catalog.pg_roles p WHERE p.rolname = r.name) AS present FROM unnest(ARRAY['replaysafe_worker', 'replaysafe_operator', 'replaysafe_auditor']) AS r(name) ORDER BY r.name
 
 -- name: table_rls --
 SELECT c.relname::text AS table_name, c.relrowsecurity AS rls_enabled FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'replaysafe' AND c.relkind IN ('r', 'p') AND c.relname <> 'alembic_version' ORDER BY c.relname
+
+-- name: schema_objects --
+-- Every object in the schema (row types of tables and array types aside): doctor compares
+-- them with what the migration creates, and with the schema's owner.
+SELECT o.kind, o.name, o.signature, o.owner::text AS owner, o.owner = n.nspowner AS owned_by_schema_owner, o.search_path_pinned FROM pg_catalog.pg_namespace n CROSS JOIN LATERAL (SELECT CASE c.relkind WHEN 'r' THEN 'table' WHEN 'v' THEN 'view' WHEN 'i' THEN 'index' WHEN 'c' THEN 'type' ELSE 'relation' END AS kind, c.relname::text AS name, c.relname::text AS signature, c.relowner::regrole AS owner, NULL::boolean AS search_path_pinned FROM pg_catalog.pg_class c WHERE c.relnamespace = n.oid UNION ALL SELECT 'function', p.proname::text, p.oid::regprocedure::text, p.proowner::regrole, coalesce('search_path=pg_catalog, pg_temp' = ANY (p.proconfig), false) FROM pg_catalog.pg_proc p WHERE p.pronamespace = n.oid UNION ALL SELECT 'type', t.typname::text, t.typname::text, t.typowner::regrole, NULL FROM pg_catalog.pg_type t WHERE t.typnamespace = n.oid AND t.typrelid = 0 AND t.typcategory <> 'A' UNION ALL SELECT 'operator', o.oprname::text, o.oid::regoperator::text, o.oprowner::regrole, NULL FROM pg_catalog.pg_operator o WHERE o.oprnamespace = n.oid) o WHERE n.nspname = 'replaysafe' ORDER BY o.kind, o.signature
 
 -- name: counts_by_state --
 SELECT state::text AS state, count(*) AS actions FROM replaysafe.actions_v GROUP BY state ORDER BY state

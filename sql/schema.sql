@@ -1,9 +1,15 @@
--- replaysafe: the action ledger, tenant bindings and row-level security.
+-- replaysafe: the action ledger, versioned thread state, tenant bindings and the trust
+-- boundary, as one reviewable script (the alembic chain in migrations/ builds the same).
 --
--- Every object lives in schema "replaysafe" and every reference inside a function body is
--- schema-qualified, so nothing depends on the caller's search_path. Functions are
--- SECURITY INVOKER: row-level security applies to whoever calls them.
+-- The trust boundary (docs/isolation.md): the functions are the only way in. They are
+-- SECURITY DEFINER, owned by the schema owner, and every one pins its search_path to
+-- pg_catalog, pg_temp, so nothing in a body resolves through the caller's search_path (a
+-- hostile function, operator or type in public or pg_temp changes nothing). No group role
+-- holds any privilege on a table or on a private helper (a name starting with "_").
 -- Deliberate errors use SQLSTATE class RS (RS001..RS006, see docs/errors.md).
+
+-- Every name below is resolved in pg_catalog first, for the rest of this transaction.
+SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
 
 CREATE SCHEMA IF NOT EXISTS replaysafe;
 COMMENT ON SCHEMA replaysafe IS 'replaysafe_pg: action ledger and versioned thread state';
@@ -11,21 +17,19 @@ COMMENT ON SCHEMA replaysafe IS 'replaysafe_pg: action ledger and versioned thre
 -- Group roles, created only where the migrating role may create roles. Roles are
 -- cluster-wide, so another database may have created them already.
 DO $roles$
+DECLARE
+    r text;
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = current_user
                AND (rolsuper OR rolcreaterole)) THEN
-        BEGIN
-            IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'replaysafe_worker') THEN
-                CREATE ROLE replaysafe_worker NOLOGIN;
-            END IF;
-        EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
-        END;
-        BEGIN
-            IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'replaysafe_auditor') THEN
-                CREATE ROLE replaysafe_auditor NOLOGIN;
-            END IF;
-        EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
-        END;
+        FOREACH r IN ARRAY ARRAY['replaysafe_worker', 'replaysafe_operator', 'replaysafe_auditor'] LOOP
+            BEGIN
+                IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = r) THEN
+                    EXECUTE pg_catalog.format('CREATE ROLE %I NOLOGIN', r);
+                END IF;
+            EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
+            END;
+        END LOOP;
     END IF;
 END
 $roles$;
@@ -33,7 +37,7 @@ $roles$;
 CREATE TYPE replaysafe.action_state AS ENUM ('running', 'succeeded', 'failed', 'retryable', 'unknown');
 
 -- ---------------------------------------------------------------------------------------
--- Private tables
+-- Private tables (no role but the owner holds any privilege on them)
 -- ---------------------------------------------------------------------------------------
 
 CREATE TABLE replaysafe.role_bindings (
@@ -41,6 +45,17 @@ CREATE TABLE replaysafe.role_bindings (
     tenant_id  text NOT NULL,
     bound_at   timestamptz NOT NULL DEFAULT now()
 );
+
+-- The installation's secret: it salts the derived idempotency keys (and so the wake-up
+-- payloads), so nobody who lacks it can confirm a guessed (tenant, key) pair.
+CREATE TABLE replaysafe.installation (
+    id         boolean PRIMARY KEY DEFAULT true CHECK (id),
+    key_secret bytea NOT NULL CHECK (length(key_secret) >= 16),
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+-- 244 random bits from the server's strong random source (no extension needed).
+INSERT INTO replaysafe.installation (key_secret)
+VALUES (decode(replace(gen_random_uuid()::text || gen_random_uuid()::text, '-', ''), 'hex'));
 
 CREATE TABLE replaysafe.actions (
     tenant_id          text NOT NULL,
@@ -104,13 +119,84 @@ CREATE TYPE replaysafe.claim_record AS (
     provider_reference text
 );
 
+-- The 2 KB state is written once per version (in thread_versions); the head row in threads
+-- holds only the counter, the owner and the pruning bookkeeping, so its updates are small
+-- and HOT (no indexed column changes).
+CREATE TABLE replaysafe.threads (
+    tenant_id     text NOT NULL,
+    thread_id     text NOT NULL,
+    -- The owner for good (also across delete); NULL: shared within the tenant.
+    user_id       text,
+    -- Current version: of the newest state, or of the tombstone when deleted.
+    version       bigint NOT NULL CHECK (version >= 1),
+    history_limit integer NOT NULL CHECK (history_limit >= 1),
+    -- No thread_versions row below this version exists: pruning deletes the range
+    -- [oldest_kept, new version - history_limit] and never scans what it deleted before.
+    oldest_kept   bigint NOT NULL,
+    deleted       boolean NOT NULL DEFAULT false,
+    created_at    timestamptz NOT NULL,
+    updated_at    timestamptz NOT NULL,
+    PRIMARY KEY (tenant_id, thread_id)
+) WITH (fillfactor = 80);  -- room on the page for HOT updates of the head row
+
+CREATE TABLE replaysafe.thread_versions (
+    tenant_id  text NOT NULL,
+    thread_id  text NOT NULL,
+    version    bigint NOT NULL,
+    state      jsonb NOT NULL,
+    created_at timestamptz NOT NULL,
+    PRIMARY KEY (tenant_id, thread_id, version)
+);
+
+CREATE TYPE replaysafe.thread_record AS (
+    version    bigint,
+    state      jsonb,
+    updated_at timestamptz
+);
+
 -- ---------------------------------------------------------------------------------------
--- Private helpers
+-- Who is calling. Inside a SECURITY DEFINER function current_user is the owner, so the
+-- caller is read from the session: the role set by SET ROLE, else the login (session_user).
+-- A session's tenant is its current role's binding, else its login's: SET ROLE to an
+-- unbound role (a group role, say) never widens what a bound login may see or do.
+-- Only a caller with no binding at all may act for every tenant (the schema owner) or read
+-- every tenant (the owner and replaysafe_auditor members).
+-- ---------------------------------------------------------------------------------------
+
+CREATE VIEW replaysafe._caller AS
+WITH me AS (
+    SELECT CASE WHEN current_setting('role') = 'none' THEN session_user::text
+                ELSE current_setting('role') END AS role_name,
+           session_user::text AS login_name
+), bound AS (
+    SELECT me.role_name,
+           coalesce((SELECT b.tenant_id FROM replaysafe.role_bindings b WHERE b.role_name = me.role_name),
+                    (SELECT b.tenant_id FROM replaysafe.role_bindings b WHERE b.role_name = me.login_name))
+               AS tenant_id
+    FROM me
+), flags AS (
+    SELECT bound.role_name, bound.tenant_id,
+           CASE WHEN bound.tenant_id IS NOT NULL THEN false
+                ELSE pg_has_role(bound.role_name, n.nspowner, 'USAGE') END AS acts_for_all
+    FROM bound, pg_namespace n
+    WHERE n.nspname = 'replaysafe'
+)
+SELECT flags.role_name, flags.tenant_id, flags.acts_for_all,
+       CASE WHEN flags.tenant_id IS NOT NULL THEN false
+            WHEN flags.acts_for_all THEN true
+            ELSE EXISTS (SELECT 1 FROM pg_roles r WHERE r.rolname = 'replaysafe_auditor'
+                         AND pg_has_role(flags.role_name, r.oid, 'USAGE')) END AS reads_all
+FROM flags;
+
+-- ---------------------------------------------------------------------------------------
+-- Private helpers (SECURITY INVOKER: only the definer functions, running as the owner,
+-- may call them)
 -- ---------------------------------------------------------------------------------------
 
 CREATE FUNCTION replaysafe._raise(p_sqlstate text, p_message text, p_detail text DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF p_detail IS NULL THEN
@@ -120,105 +206,123 @@ BEGIN
 END
 $$;
 
--- Inlined into callers' IF conditions: the common (valid) path costs no function call.
-CREATE FUNCTION replaysafe._id_ok(p_value text)
-RETURNS boolean
-LANGUAGE sql IMMUTABLE
-AS $$ SELECT $1 IS NOT NULL AND length($1) BETWEEN 1 AND 512 $$;
-
--- Slow path after _id_ok said no: name the offending argument.
-CREATE FUNCTION replaysafe._check_id(p_name text, p_value text, p_nullable boolean DEFAULT false)
-RETURNS void
-LANGUAGE plpgsql
-AS $$
-BEGIN
-    IF p_value IS NULL AND p_nullable THEN
-        RETURN;
-    END IF;
-    IF p_value IS NULL OR length(p_value) NOT BETWEEN 1 AND 512 THEN
-        PERFORM replaysafe._raise('RS005', format(
-            'invalid argument %s: must be non-empty text of at most 512 characters (got %s)',
-            p_name, CASE WHEN p_value IS NULL THEN 'NULL'
-                         ELSE length(p_value)::text || ' characters' END));
-    END IF;
-END
-$$;
-
 CREATE FUNCTION replaysafe._invalid(p_name text, p_rule text)
 RETURNS void
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     PERFORM replaysafe._raise('RS005', format('invalid argument %s: %s', p_name, p_rule));
 END
 $$;
 
--- The tenant a role is bound to (NULL when unbound). Row-level security calls it once per
--- statement as an InitPlan.
-CREATE FUNCTION replaysafe._bound_tenant()
-RETURNS text
-LANGUAGE sql STABLE
-AS $$
-    SELECT b.tenant_id FROM replaysafe.role_bindings b WHERE b.role_name = current_user::text
-$$;
-
--- Unbound members of replaysafe_auditor read every tenant.
-CREATE FUNCTION replaysafe._reads_all_tenants()
-RETURNS boolean
-LANGUAGE sql STABLE
-AS $$
-    SELECT NOT EXISTS (SELECT 1 FROM replaysafe.role_bindings b
-                       WHERE b.role_name = current_user::text)
-       AND EXISTS (SELECT 1 FROM pg_catalog.pg_roles r
-                   WHERE r.rolname = 'replaysafe_auditor'
-                     AND pg_catalog.pg_has_role(current_user, r.oid, 'MEMBER'))
-$$;
-
--- May the calling role act for p_tenant_id? A bound role: only its tenant. An unbound role:
--- only if it is (a member of) the schema owner, which row-level security does not restrict.
-CREATE FUNCTION replaysafe._tenant_ok(p_tenant_id text)
-RETURNS boolean
-LANGUAGE sql STABLE
-AS $$
-    SELECT CASE WHEN b.tenant_id IS NULL
-                THEN pg_catalog.pg_has_role(current_user, n.nspowner, 'USAGE')
-                ELSE b.tenant_id = p_tenant_id END
-    FROM pg_catalog.pg_namespace n
-    LEFT JOIN replaysafe.role_bindings b ON b.role_name = current_user::text
-    WHERE n.nspname = 'replaysafe'
-$$;
-
-CREATE FUNCTION replaysafe._deny_tenant()
+-- Every id (tenant, action key, thread, user, worker, operation, claim token): non-empty
+-- text of at most 512 characters and 1,024 bytes. The public functions test the valid case
+-- inline (no call) and call this only to name the offending argument.
+CREATE FUNCTION replaysafe._check_id(p_name text, p_value text, p_nullable boolean DEFAULT false)
 RETURNS void
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
+    IF p_value IS NULL AND p_nullable THEN
+        RETURN;
+    END IF;
+    IF p_value IS NULL OR length(p_value) NOT BETWEEN 1 AND 512 OR octet_length(p_value) > 1024 THEN
+        PERFORM replaysafe._invalid(p_name, format(
+            'must be non-empty text of at most 512 characters and 1024 bytes (got %s)',
+            CASE WHEN p_value IS NULL THEN 'NULL'
+                 ELSE length(p_value) || ' characters, ' || octet_length(p_value) || ' bytes' END));
+    END IF;
+END
+$$;
+
+-- Slow path of the time checks: p_now is NULL, not finite, outside the years a client can
+-- represent, or more than 5 minutes from the database clock. Only the schema owner and
+-- replaysafe_operator members may move time; a worker cannot expire or re-claim another
+-- caller's lease with a p_now in the future.
+CREATE FUNCTION replaysafe._check_now(p_now timestamptz)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF p_now IS NULL THEN
+        PERFORM replaysafe._invalid('p_now', 'must not be NULL (omit it for the database clock)');
+    END IF;
+    IF NOT (p_now >= timestamptz '1900-01-01 00:00+00' AND p_now < timestamptz '9999-01-01 00:00+00') THEN
+        PERFORM replaysafe._invalid('p_now', format(
+            'must be a finite time between the years 1900 and 9999 (got %s)', p_now));
+    END IF;
+    IF p_now BETWEEN clock_timestamp() - interval '5 minutes' AND clock_timestamp() + interval '5 minutes' THEN
+        RETURN;
+    END IF;
+    IF NOT EXISTS (
+        SELECT 1 FROM replaysafe._caller c
+        WHERE c.acts_for_all
+           OR EXISTS (SELECT 1 FROM pg_roles r WHERE r.rolname = 'replaysafe_operator'
+                      AND pg_has_role(c.role_name, r.oid, 'USAGE'))) THEN
+        PERFORM replaysafe._invalid('p_now',
+            'must lie within 5 minutes of the database clock (only the schema owner and '
+            'replaysafe_operator members may pass another time)');
+    END IF;
+END
+$$;
+
+-- RS004 unless the caller may act for p_tenant_id: its own tenant when bound; any tenant
+-- for an unbound member of the schema owner; nothing for anyone else.
+CREATE FUNCTION replaysafe._acts_for(p_tenant_id text)
+RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_tenant text;
+    v_all    boolean;
+BEGIN
+    SELECT c.tenant_id, c.acts_for_all INTO v_tenant, v_all FROM replaysafe._caller c;
+    IF v_tenant = p_tenant_id OR (v_tenant IS NULL AND v_all) THEN
+        RETURN;
+    END IF;
     PERFORM replaysafe._raise('RS004', 'access denied: this role may not act for that tenant');
 END
 $$;
 
--- ---------------------------------------------------------------------------------------
--- Public functions
--- ---------------------------------------------------------------------------------------
-
--- Deterministic, fixed-length (68 characters) key for downstream providers. The tenant is
--- length-prefixed, so no two (tenant, key) pairs can collide by concatenation.
--- STABLE, not IMMUTABLE: convert_to() is stable, and a function declared stricter than its
--- body is never inlined (calling it would cost a claim several microseconds).
+-- The derived idempotency key: fixed length (68 characters), salted with the installation's
+-- secret (nested hash, so no length extension), the tenant length-prefixed so no two
+-- (tenant, key) pairs collide by concatenation. Owner only: the key reaches a caller only in
+-- the answer to its own claim.
 CREATE FUNCTION replaysafe.idempotency_key(p_tenant_id text, p_action_key text)
 RETURNS text
 LANGUAGE sql STABLE STRICT
+SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT 'rs1_' || encode(sha256(convert_to(
-        length(p_tenant_id)::text || ':' || p_tenant_id || p_action_key, 'UTF8')), 'hex')
+    SELECT 'rs2_' || encode(sha256(i.key_secret || sha256(i.key_secret || convert_to(
+        length(p_tenant_id)::text || ':' || p_tenant_id || p_action_key, 'UTF8'))), 'hex')
+    FROM replaysafe.installation i
 $$;
+
+CREATE FUNCTION replaysafe._claim_record(p_outcome text, a replaysafe.actions)
+RETURNS replaysafe.claim_record
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT ROW(p_outcome, a.state, a.attempt, a.lease_expires_at, a.result, a.error,
+               a.idempotency_key, a.provider_reference)::replaysafe.claim_record
+$$;
+
+-- ---------------------------------------------------------------------------------------
+-- Tenant bindings (schema owner only)
+-- ---------------------------------------------------------------------------------------
 
 CREATE FUNCTION replaysafe.bind_role_to_tenant(p_role text, p_tenant_id text)
 RETURNS void
 LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF p_role IS NULL OR NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = p_role) THEN
+    IF p_role IS NULL OR NOT EXISTS (SELECT 1 FROM pg_roles r WHERE r.rolname = p_role) THEN
         PERFORM replaysafe._invalid('p_role', 'must name an existing role');
     END IF;
     PERFORM replaysafe._check_id('p_tenant_id', p_tenant_id);
@@ -231,6 +335,8 @@ $$;
 CREATE FUNCTION replaysafe.unbind_role(p_role text)
 RETURNS boolean
 LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF p_role IS NULL THEN
@@ -240,6 +346,10 @@ BEGIN
     RETURN FOUND;
 END
 $$;
+
+-- ---------------------------------------------------------------------------------------
+-- The action ledger
+-- ---------------------------------------------------------------------------------------
 
 -- Claim an action: create it, or find it and answer what the caller must do.
 -- Outcomes: claimed | replay | running | unknown; RS001 on a changed fingerprint.
@@ -253,17 +363,23 @@ CREATE FUNCTION replaysafe.claim_action(
     p_lease       interval    DEFAULT '30 seconds',
     p_thread_id   text        DEFAULT NULL,
     p_on_expired  text        DEFAULT 'unknown',
-    p_now         timestamptz DEFAULT now())
+    p_now         timestamptz DEFAULT clock_timestamp())
 RETURNS replaysafe.claim_record
 LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     a       replaysafe.actions;
     v_found boolean;
 BEGIN
-    IF NOT (replaysafe._id_ok(p_tenant_id) AND replaysafe._id_ok(p_action_key)
-            AND replaysafe._id_ok(p_operation) AND replaysafe._id_ok(p_worker_id)
-            AND (p_thread_id IS NULL OR replaysafe._id_ok(p_thread_id))) THEN
+    IF (octet_length(p_tenant_id) BETWEEN 1 AND 1024 AND length(p_tenant_id) <= 512
+        AND octet_length(p_action_key) BETWEEN 1 AND 1024 AND length(p_action_key) <= 512
+        AND octet_length(p_operation) BETWEEN 1 AND 1024 AND length(p_operation) <= 512
+        AND octet_length(p_worker_id) BETWEEN 1 AND 1024 AND length(p_worker_id) <= 512
+        AND (p_thread_id IS NULL
+             OR (octet_length(p_thread_id) BETWEEN 1 AND 1024 AND length(p_thread_id) <= 512)))
+       IS NOT TRUE THEN
         PERFORM replaysafe._check_id('p_tenant_id', p_tenant_id);
         PERFORM replaysafe._check_id('p_action_key', p_action_key);
         PERFORM replaysafe._check_id('p_operation', p_operation);
@@ -273,19 +389,19 @@ BEGIN
     IF p_request IS NULL OR jsonb_typeof(p_request) <> 'object' THEN
         PERFORM replaysafe._invalid('p_request', 'must be a JSON object');
     END IF;
-    IF p_lease IS NULL OR p_lease <= interval '0' THEN
-        PERFORM replaysafe._invalid('p_lease', 'must be a positive interval');
+    IF p_lease IS NULL OR p_lease <= interval '0' OR p_lease > interval '7 days' THEN
+        PERFORM replaysafe._invalid('p_lease', 'must be a positive interval of at most 7 days');
     END IF;
     IF p_on_expired IS NULL OR p_on_expired NOT IN ('unknown', 'reclaim') THEN
         PERFORM replaysafe._invalid('p_on_expired', 'must be ''unknown'' or ''reclaim''');
     END IF;
-    IF p_now IS NULL THEN
-        PERFORM replaysafe._invalid('p_now', 'must not be NULL');
+    IF (p_now BETWEEN clock_timestamp() - interval '5 minutes'
+                  AND clock_timestamp() + interval '5 minutes') IS NOT TRUE THEN
+        PERFORM replaysafe._check_now(p_now);
     END IF;
+    PERFORM replaysafe._acts_for(p_tenant_id);
 
-    -- Fast path, no lock: terminal and unknown actions answer from one read. It answers
-    -- only from a row the caller's row-level security lets it read, so the tenant check
-    -- (a catalog query, a third of a replay's cost) waits until the claim is about to write.
+    -- Fast path, no lock: terminal and unknown actions answer from one read.
     SELECT * INTO a FROM replaysafe.actions x
     WHERE x.tenant_id = p_tenant_id AND x.action_key = p_action_key;
     v_found := FOUND;
@@ -302,12 +418,7 @@ BEGIN
         ELSIF a.state = 'running' AND a.lease_expires_at > p_now AND a.has_waiters THEN
             RETURN replaysafe._claim_record('running', a);
         END IF;
-    END IF;
-
-    IF NOT replaysafe._tenant_ok(p_tenant_id) THEN
-        PERFORM replaysafe._deny_tenant();
-    END IF;
-    IF NOT v_found THEN
+    ELSE
         INSERT INTO replaysafe.actions AS x (
             tenant_id, action_key, thread_id, operation, request, state, attempt, on_expired,
             idempotency_key, worker_id, lease_expires_at, created_at, updated_at)
@@ -332,20 +443,13 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION replaysafe._claim_record(p_outcome text, a replaysafe.actions)
-RETURNS replaysafe.claim_record
-LANGUAGE sql IMMUTABLE
-AS $$
-    SELECT ROW(p_outcome, a.state, a.attempt, a.lease_expires_at, a.result, a.error,
-               a.idempotency_key, a.provider_reference)::replaysafe.claim_record
-$$;
-
 -- The part of a claim that must change the row: waiters, expired leases, retries.
 CREATE FUNCTION replaysafe._claim_locked(
     p_tenant_id text, p_action_key text, p_operation text, p_request jsonb,
     p_worker_id text, p_lease interval, p_thread_id text, p_on_expired text, p_now timestamptz)
 RETURNS replaysafe.claim_record
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     a replaysafe.actions;
@@ -402,6 +506,7 @@ $$;
 CREATE FUNCTION replaysafe._expire_attempt(a replaysafe.actions, p_now timestamptz)
 RETURNS void
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     UPDATE replaysafe.action_attempts t
@@ -425,9 +530,11 @@ CREATE FUNCTION replaysafe.claim_actions(
     p_lease       interval    DEFAULT '30 seconds',
     p_thread_id   text        DEFAULT NULL,
     p_on_expired  text        DEFAULT 'unknown',
-    p_now         timestamptz DEFAULT now())
+    p_now         timestamptz DEFAULT clock_timestamp())
 RETURNS SETOF replaysafe.claim_record
 LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     n       integer := coalesce(cardinality(p_action_keys), 0);
@@ -439,12 +546,16 @@ BEGIN
         PERFORM replaysafe._invalid('p_action_keys',
             'p_action_keys, p_operations and p_requests must be arrays of equal length');
     END IF;
+    IF n > 1000 THEN
+        PERFORM replaysafe._invalid('p_action_keys', 'must hold at most 1000 keys');
+    END IF;
     IF array_position(p_action_keys, NULL) IS NOT NULL THEN
         PERFORM replaysafe._invalid('p_action_keys', 'must not contain NULL');
     END IF;
     IF (SELECT count(DISTINCT k) FROM unnest(p_action_keys) k) <> n THEN
         PERFORM replaysafe._invalid('p_action_keys', 'must not repeat a key');
     END IF;
+    -- Each claim_action call checks its arguments, the tenant and the time.
     FOR i IN SELECT o FROM unnest(p_action_keys) WITH ORDINALITY AS u(k, o) ORDER BY k LOOP
         results[i] := replaysafe.claim_action(p_tenant_id, p_action_keys[i], p_operations[i],
                                               p_requests[i], p_worker_id, p_lease, p_thread_id,
@@ -459,29 +570,32 @@ CREATE FUNCTION replaysafe.heartbeat_action(
     p_action_key text,
     p_attempt    integer,
     p_lease      interval    DEFAULT '30 seconds',
-    p_now        timestamptz DEFAULT now())
+    p_now        timestamptz DEFAULT clock_timestamp())
 RETURNS timestamptz
 LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_expires timestamptz;
 BEGIN
-    IF NOT (replaysafe._id_ok(p_tenant_id) AND replaysafe._id_ok(p_action_key)) THEN
+    IF (octet_length(p_tenant_id) BETWEEN 1 AND 1024 AND length(p_tenant_id) <= 512
+        AND octet_length(p_action_key) BETWEEN 1 AND 1024 AND length(p_action_key) <= 512)
+       IS NOT TRUE THEN
         PERFORM replaysafe._check_id('p_tenant_id', p_tenant_id);
         PERFORM replaysafe._check_id('p_action_key', p_action_key);
     END IF;
     IF p_attempt IS NULL OR p_attempt < 1 THEN
         PERFORM replaysafe._invalid('p_attempt', 'must be a positive attempt number');
     END IF;
-    IF p_lease IS NULL OR p_lease <= interval '0' THEN
-        PERFORM replaysafe._invalid('p_lease', 'must be a positive interval');
+    IF p_lease IS NULL OR p_lease <= interval '0' OR p_lease > interval '7 days' THEN
+        PERFORM replaysafe._invalid('p_lease', 'must be a positive interval of at most 7 days');
     END IF;
-    IF p_now IS NULL THEN
-        PERFORM replaysafe._invalid('p_now', 'must not be NULL');
+    IF (p_now BETWEEN clock_timestamp() - interval '5 minutes'
+                  AND clock_timestamp() + interval '5 minutes') IS NOT TRUE THEN
+        PERFORM replaysafe._check_now(p_now);
     END IF;
-    IF NOT replaysafe._tenant_ok(p_tenant_id) THEN
-        PERFORM replaysafe._deny_tenant();
-    END IF;
+    PERFORM replaysafe._acts_for(p_tenant_id);
 
     -- state compared as text: see _report.
     UPDATE replaysafe.actions x
@@ -512,6 +626,7 @@ CREATE FUNCTION replaysafe._report(
     p_now                timestamptz)
 RETURNS text
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     a         replaysafe.actions;
@@ -520,23 +635,20 @@ DECLARE
     v_prior   replaysafe.action_state;
     v_claimed timestamptz;
 BEGIN
-    IF NOT (replaysafe._id_ok(p_tenant_id) AND replaysafe._id_ok(p_action_key)) THEN
+    IF (octet_length(p_tenant_id) BETWEEN 1 AND 1024 AND length(p_tenant_id) <= 512
+        AND octet_length(p_action_key) BETWEEN 1 AND 1024 AND length(p_action_key) <= 512)
+       IS NOT TRUE THEN
         PERFORM replaysafe._check_id('p_tenant_id', p_tenant_id);
         PERFORM replaysafe._check_id('p_action_key', p_action_key);
-    END IF;
-    -- Only the public report functions call this, but it is callable: never "running".
-    IF p_state IS NULL OR p_state = 'running' THEN
-        PERFORM replaysafe._invalid('p_state', 'a report sets succeeded, failed, retryable or unknown');
     END IF;
     IF p_attempt IS NULL OR p_attempt < 1 THEN
         PERFORM replaysafe._invalid('p_attempt', 'must be a positive attempt number');
     END IF;
-    IF p_now IS NULL THEN
-        PERFORM replaysafe._invalid('p_now', 'must not be NULL');
+    IF (p_now BETWEEN clock_timestamp() - interval '5 minutes'
+                  AND clock_timestamp() + interval '5 minutes') IS NOT TRUE THEN
+        PERFORM replaysafe._check_now(p_now);
     END IF;
-    IF NOT replaysafe._tenant_ok(p_tenant_id) THEN
-        PERFORM replaysafe._deny_tenant();
-    END IF;
+    PERFORM replaysafe._acts_for(p_tenant_id);
 
     -- Hot path: the attempt still holds the action. The state is compared as text so the
     -- planner cannot pick the partial index of running rows (a walk over every running
@@ -607,9 +719,11 @@ CREATE FUNCTION replaysafe.complete_action(
     p_attempt            integer,
     p_result             jsonb,
     p_provider_reference text        DEFAULT NULL,
-    p_now                timestamptz DEFAULT now())
+    p_now                timestamptz DEFAULT clock_timestamp())
 RETURNS text
 LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF p_result IS NULL THEN
@@ -626,9 +740,11 @@ CREATE FUNCTION replaysafe.fail_action(
     p_attempt    integer,
     p_error      jsonb,
     p_retryable  boolean     DEFAULT false,
-    p_now        timestamptz DEFAULT now())
+    p_now        timestamptz DEFAULT clock_timestamp())
 RETURNS text
 LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF p_error IS NULL THEN
@@ -648,9 +764,11 @@ CREATE FUNCTION replaysafe.mark_action_unknown(
     p_action_key text,
     p_attempt    integer,
     p_error      jsonb,
-    p_now        timestamptz DEFAULT now())
+    p_now        timestamptz DEFAULT clock_timestamp())
 RETURNS text
 LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF p_error IS NULL THEN
@@ -661,7 +779,9 @@ BEGIN
 END
 $$;
 
--- Reconciliation: an operator (or a reconciler job) decides what an unknown action became.
+-- Reconciliation (replaysafe_operator): decide what an unknown action became. With
+-- p_expected_attempt, only while the action is still on that attempt (a stale lookup never
+-- settles a newer attempt).
 CREATE FUNCTION replaysafe.resolve_action(
     p_tenant_id          text,
     p_action_key         text,
@@ -670,30 +790,38 @@ CREATE FUNCTION replaysafe.resolve_action(
     p_error              jsonb       DEFAULT NULL,
     p_provider_reference text        DEFAULT NULL,
     p_note               text        DEFAULT NULL,
-    p_now                timestamptz DEFAULT now())
+    p_now                timestamptz DEFAULT clock_timestamp(),
+    p_expected_attempt   integer     DEFAULT NULL)
 RETURNS replaysafe.action_state
 LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_state replaysafe.action_state;
-    v_old   replaysafe.action_state;
+    v_state   replaysafe.action_state;
+    v_old     replaysafe.action_state;
+    v_attempt integer;
 BEGIN
-    IF NOT (replaysafe._id_ok(p_tenant_id) AND replaysafe._id_ok(p_action_key)) THEN
+    IF (octet_length(p_tenant_id) BETWEEN 1 AND 1024 AND length(p_tenant_id) <= 512
+        AND octet_length(p_action_key) BETWEEN 1 AND 1024 AND length(p_action_key) <= 512)
+       IS NOT TRUE THEN
         PERFORM replaysafe._check_id('p_tenant_id', p_tenant_id);
         PERFORM replaysafe._check_id('p_action_key', p_action_key);
     END IF;
     IF p_state IS NULL OR p_state NOT IN ('succeeded', 'failed', 'retryable') THEN
         PERFORM replaysafe._invalid('p_state', 'must be ''succeeded'', ''failed'' or ''retryable''');
     END IF;
-    IF p_now IS NULL THEN
-        PERFORM replaysafe._invalid('p_now', 'must not be NULL');
+    IF p_expected_attempt < 1 THEN
+        PERFORM replaysafe._invalid('p_expected_attempt', 'must be a positive attempt number');
     END IF;
-    IF NOT replaysafe._tenant_ok(p_tenant_id) THEN
-        PERFORM replaysafe._deny_tenant();
+    IF (p_now BETWEEN clock_timestamp() - interval '5 minutes'
+                  AND clock_timestamp() + interval '5 minutes') IS NOT TRUE THEN
+        PERFORM replaysafe._check_now(p_now);
     END IF;
+    PERFORM replaysafe._acts_for(p_tenant_id);
     v_state := p_state::replaysafe.action_state;
 
-    SELECT x.state INTO v_old FROM replaysafe.actions x
+    SELECT x.state, x.attempt INTO v_old, v_attempt FROM replaysafe.actions x
     WHERE x.tenant_id = p_tenant_id AND x.action_key = p_action_key
     FOR UPDATE;
     IF NOT FOUND THEN
@@ -702,6 +830,10 @@ BEGIN
     IF v_old <> 'unknown' THEN
         PERFORM replaysafe._raise('RS006', format(
             'action %s is %s; only unknown actions can be resolved', p_action_key, v_old));
+    END IF;
+    IF p_expected_attempt IS NOT NULL AND p_expected_attempt <> v_attempt THEN
+        PERFORM replaysafe._raise('RS006', format(
+            'action %s is on attempt %s, not %s', p_action_key, v_attempt, p_expected_attempt));
     END IF;
 
     UPDATE replaysafe.actions x
@@ -714,24 +846,77 @@ BEGIN
 END
 $$;
 
--- Expired running leases become unknown (or retryable under on_expired = 'reclaim').
--- Rows locked by a concurrent claim or report are skipped: that caller decides them.
--- Row-level security limits a bound role to its own tenant (as for purge_actions).
-CREATE FUNCTION replaysafe.sweep_expired_actions(
-    p_limit integer     DEFAULT 1000,
-    p_now   timestamptz DEFAULT now())
-RETURNS integer
+-- An operator's decision that a failed action may run again (it failed on a bug since
+-- fixed, say): it becomes retryable; the note and the time stay on the action.
+CREATE FUNCTION replaysafe.reopen_action(
+    p_tenant_id  text,
+    p_action_key text,
+    p_note       text,
+    p_now        timestamptz DEFAULT clock_timestamp())
+RETURNS replaysafe.action_state
 LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_count integer;
-    v_keys  text[];
+    v_old replaysafe.action_state;
+BEGIN
+    PERFORM replaysafe._check_id('p_tenant_id', p_tenant_id);
+    PERFORM replaysafe._check_id('p_action_key', p_action_key);
+    IF p_note IS NULL OR p_note = '' THEN
+        PERFORM replaysafe._invalid('p_note', 'must say why the action may run again');
+    END IF;
+    IF (p_now BETWEEN clock_timestamp() - interval '5 minutes'
+                  AND clock_timestamp() + interval '5 minutes') IS NOT TRUE THEN
+        PERFORM replaysafe._check_now(p_now);
+    END IF;
+    PERFORM replaysafe._acts_for(p_tenant_id);
+
+    SELECT x.state INTO v_old FROM replaysafe.actions x
+    WHERE x.tenant_id = p_tenant_id AND x.action_key = p_action_key
+    FOR UPDATE;
+    IF NOT FOUND THEN
+        PERFORM replaysafe._raise('RS006', format('action %s does not exist', p_action_key));
+    END IF;
+    IF v_old <> 'failed' THEN
+        PERFORM replaysafe._raise('RS006', format(
+            'action %s is %s; only failed actions can be reopened', p_action_key, v_old));
+    END IF;
+    UPDATE replaysafe.actions x
+    SET state = 'retryable', resolution_note = p_note, resolved_at = p_now, updated_at = p_now,
+        completed_at = NULL
+    WHERE x.tenant_id = p_tenant_id AND x.action_key = p_action_key;
+    RETURN 'retryable';
+END
+$$;
+
+-- Expired running leases become unknown (or retryable under on_expired = 'reclaim'), for
+-- the caller's tenant (every tenant for the unbound schema owner). Rows locked by a
+-- concurrent claim or report are skipped: that caller decides them.
+CREATE FUNCTION replaysafe.sweep_expired_actions(
+    p_limit integer     DEFAULT 1000,
+    p_now   timestamptz DEFAULT clock_timestamp())
+RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_count  integer;
+    v_keys   text[];
+    v_tenant text;
+    v_all    boolean;
 BEGIN
     IF p_limit IS NULL OR p_limit < 1 THEN
         PERFORM replaysafe._invalid('p_limit', 'must be a positive integer');
     END IF;
-    IF p_now IS NULL THEN
-        PERFORM replaysafe._invalid('p_now', 'must not be NULL');
+    IF (p_now BETWEEN clock_timestamp() - interval '5 minutes'
+                  AND clock_timestamp() + interval '5 minutes') IS NOT TRUE THEN
+        PERFORM replaysafe._check_now(p_now);
+    END IF;
+    SELECT c.tenant_id, c.acts_for_all INTO v_tenant, v_all FROM replaysafe._caller c;
+    IF v_tenant IS NULL AND NOT v_all THEN
+        RETURN 0;
     END IF;
 
     WITH due AS (
@@ -739,6 +924,7 @@ BEGIN
                x.idempotency_key, x.lease_expires_at
         FROM replaysafe.actions x
         WHERE x.state = 'running' AND x.lease_expires_at <= p_now
+          AND (v_tenant IS NULL OR x.tenant_id = v_tenant)
         ORDER BY x.lease_expires_at
         LIMIT p_limit
         FOR UPDATE SKIP LOCKED
@@ -766,32 +952,44 @@ BEGIN
 END
 $$;
 
--- Delete terminal actions (and their attempts) finished before p_now - p_older_than.
--- Batched by p_limit; never touches running, unknown or retryable actions.
+-- Delete terminal actions (and their attempts) finished before p_now - p_older_than, of the
+-- caller's tenant (every tenant for the unbound schema owner). Batched by p_limit; never
+-- touches running, unknown or retryable actions. replaysafe_operator only: once purged, a
+-- key would run again.
 CREATE FUNCTION replaysafe.purge_actions(
     p_older_than interval,
     p_limit      integer     DEFAULT 10000,
-    p_now        timestamptz DEFAULT now())
+    p_now        timestamptz DEFAULT clock_timestamp())
 RETURNS integer
 LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_count integer;
+    v_count  integer;
+    v_tenant text;
+    v_all    boolean;
 BEGIN
-    IF p_older_than IS NULL OR p_older_than < interval '0' THEN
-        PERFORM replaysafe._invalid('p_older_than', 'must be a non-negative interval');
+    IF p_older_than IS NULL OR p_older_than < interval '0' OR p_older_than > interval '1000 years' THEN
+        PERFORM replaysafe._invalid('p_older_than', 'must be a non-negative interval of at most 1000 years');
     END IF;
     IF p_limit IS NULL OR p_limit < 1 THEN
         PERFORM replaysafe._invalid('p_limit', 'must be a positive integer');
     END IF;
-    IF p_now IS NULL THEN
-        PERFORM replaysafe._invalid('p_now', 'must not be NULL');
+    IF (p_now BETWEEN clock_timestamp() - interval '5 minutes'
+                  AND clock_timestamp() + interval '5 minutes') IS NOT TRUE THEN
+        PERFORM replaysafe._check_now(p_now);
+    END IF;
+    SELECT c.tenant_id, c.acts_for_all INTO v_tenant, v_all FROM replaysafe._caller c;
+    IF v_tenant IS NULL AND NOT v_all THEN
+        RETURN 0;
     END IF;
 
     WITH victims AS (
         SELECT x.tenant_id, x.action_key
         FROM replaysafe.actions x
         WHERE x.state IN ('succeeded', 'failed') AND x.completed_at < p_now - p_older_than
+          AND (v_tenant IS NULL OR x.tenant_id = v_tenant)
         ORDER BY x.completed_at
         LIMIT p_limit
         FOR UPDATE SKIP LOCKED
@@ -812,146 +1010,28 @@ END
 $$;
 
 -- ---------------------------------------------------------------------------------------
--- Audit views (security_invoker: row-level security of the reader applies)
+-- Versioned thread state: compare-and-swap writes, bounded history, ownership by user id,
+-- tombstones that keep the version counter.
 -- ---------------------------------------------------------------------------------------
 
-CREATE VIEW replaysafe.actions_v WITH (security_invoker = true) AS
-SELECT tenant_id, action_key, thread_id, operation, state, attempt, on_expired,
-       idempotency_key, request, result, error, provider_reference, lease_expires_at,
-       created_at, updated_at, completed_at, worker_id, resolution_note, resolved_at
-FROM replaysafe.actions;
-
-CREATE VIEW replaysafe.action_attempts_v WITH (security_invoker = true) AS
-SELECT tenant_id, action_key, attempt, worker_id, claimed_at, ended_at, outcome, superseded,
-       error, result, provider_reference
-FROM replaysafe.action_attempts;
-
-CREATE VIEW replaysafe.unresolved_actions WITH (security_invoker = true) AS
-SELECT tenant_id, action_key, operation, state, lease_expires_at,
-       now() - CASE WHEN state = 'running' THEN lease_expires_at ELSE updated_at END AS age,
-       thread_id, created_at, updated_at
-FROM replaysafe.actions
-WHERE state = 'unknown' OR (state = 'running' AND lease_expires_at <= now());
-
-CREATE VIEW replaysafe.multi_effect_actions WITH (security_invoker = true) AS
-SELECT t.tenant_id, t.action_key, a.operation, count(*) AS successful_attempts
-FROM replaysafe.action_attempts t
-JOIN replaysafe.actions a ON a.tenant_id = t.tenant_id AND a.action_key = t.action_key
-WHERE t.outcome = 'succeeded'
-GROUP BY t.tenant_id, t.action_key, a.operation
-HAVING count(*) > 1;
-
--- ---------------------------------------------------------------------------------------
--- Row-level security: a bound role sees and changes only its tenant's rows; unbound
--- auditors read every tenant; anyone else (but the owner) sees nothing.
--- ---------------------------------------------------------------------------------------
-
-ALTER TABLE replaysafe.role_bindings ENABLE ROW LEVEL SECURITY;
-CREATE POLICY own_binding ON replaysafe.role_bindings FOR SELECT
-    USING (role_name = current_user::text);
-
-ALTER TABLE replaysafe.actions ENABLE ROW LEVEL SECURITY;
-CREATE POLICY tenant_read ON replaysafe.actions FOR SELECT
-    USING (tenant_id = (SELECT replaysafe._bound_tenant()) OR (SELECT replaysafe._reads_all_tenants()));
-CREATE POLICY tenant_insert ON replaysafe.actions FOR INSERT
-    WITH CHECK (tenant_id = (SELECT replaysafe._bound_tenant()));
-CREATE POLICY tenant_update ON replaysafe.actions FOR UPDATE
-    USING (tenant_id = (SELECT replaysafe._bound_tenant()))
-    WITH CHECK (tenant_id = (SELECT replaysafe._bound_tenant()));
-CREATE POLICY tenant_delete ON replaysafe.actions FOR DELETE
-    USING (tenant_id = (SELECT replaysafe._bound_tenant()));
-
-ALTER TABLE replaysafe.action_attempts ENABLE ROW LEVEL SECURITY;
-CREATE POLICY tenant_read ON replaysafe.action_attempts FOR SELECT
-    USING (tenant_id = (SELECT replaysafe._bound_tenant()) OR (SELECT replaysafe._reads_all_tenants()));
-CREATE POLICY tenant_insert ON replaysafe.action_attempts FOR INSERT
-    WITH CHECK (tenant_id = (SELECT replaysafe._bound_tenant()));
-CREATE POLICY tenant_update ON replaysafe.action_attempts FOR UPDATE
-    USING (tenant_id = (SELECT replaysafe._bound_tenant()))
-    WITH CHECK (tenant_id = (SELECT replaysafe._bound_tenant()));
-CREATE POLICY tenant_delete ON replaysafe.action_attempts FOR DELETE
-    USING (tenant_id = (SELECT replaysafe._bound_tenant()));
-
--- ---------------------------------------------------------------------------------------
--- Privileges
--- ---------------------------------------------------------------------------------------
-
-REVOKE ALL ON SCHEMA replaysafe FROM PUBLIC;
-REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA replaysafe FROM PUBLIC;
-
-DO $grants$
+-- Slow path of the thread functions' argument check: name the offending argument.
+CREATE FUNCTION replaysafe._check_thread_args(p_tenant_id text, p_thread_id text, p_user_id text)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
 BEGIN
-    IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'replaysafe_worker') THEN
-        GRANT USAGE ON SCHEMA replaysafe TO replaysafe_worker;
-        GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA replaysafe TO replaysafe_worker;
-        GRANT SELECT, INSERT, UPDATE, DELETE ON replaysafe.actions, replaysafe.action_attempts
-            TO replaysafe_worker;
-        GRANT SELECT ON replaysafe.role_bindings, replaysafe.actions_v,
-            replaysafe.action_attempts_v, replaysafe.unresolved_actions,
-            replaysafe.multi_effect_actions TO replaysafe_worker;
-    END IF;
-    IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'replaysafe_auditor') THEN
-        GRANT USAGE ON SCHEMA replaysafe TO replaysafe_auditor;
-        GRANT EXECUTE ON FUNCTION replaysafe._bound_tenant(), replaysafe._reads_all_tenants(),
-            replaysafe.idempotency_key(text, text) TO replaysafe_auditor;
-        GRANT SELECT ON replaysafe.role_bindings, replaysafe.actions, replaysafe.action_attempts,
-            replaysafe.actions_v, replaysafe.action_attempts_v, replaysafe.unresolved_actions,
-            replaysafe.multi_effect_actions TO replaysafe_auditor;
-    END IF;
+    PERFORM replaysafe._check_id('p_tenant_id', p_tenant_id);
+    PERFORM replaysafe._check_id('p_thread_id', p_thread_id);
+    PERFORM replaysafe._check_id('p_user_id', p_user_id, true);
 END
-$grants$;
-
--- =======================================================================================
--- Versioned thread state (revision 0002): compare-and-swap writes, bounded history,
--- ownership by user id, tombstones that keep the version counter.
--- =======================================================================================
-
--- ---------------------------------------------------------------------------------------
--- Private tables. The 2 KB state is written once per version (in thread_versions); the head
--- row in threads holds only the counter, the owner and the pruning bookkeeping, so its
--- updates are small and HOT (no indexed column changes).
--- ---------------------------------------------------------------------------------------
-
-CREATE TABLE replaysafe.threads (
-    tenant_id     text NOT NULL,
-    thread_id     text NOT NULL,
-    -- The owner for good (also across delete); NULL: shared within the tenant.
-    user_id       text,
-    -- Current version: of the newest state, or of the tombstone when deleted.
-    version       bigint NOT NULL CHECK (version >= 1),
-    history_limit integer NOT NULL CHECK (history_limit >= 1),
-    -- No thread_versions row below this version exists: pruning deletes the range
-    -- [oldest_kept, new version - history_limit] and never scans what it deleted before.
-    oldest_kept   bigint NOT NULL,
-    deleted       boolean NOT NULL DEFAULT false,
-    created_at    timestamptz NOT NULL,
-    updated_at    timestamptz NOT NULL,
-    PRIMARY KEY (tenant_id, thread_id)
-) WITH (fillfactor = 80);  -- room on the page for HOT updates of the head row
-
-CREATE TABLE replaysafe.thread_versions (
-    tenant_id  text NOT NULL,
-    thread_id  text NOT NULL,
-    version    bigint NOT NULL,
-    state      jsonb NOT NULL,
-    created_at timestamptz NOT NULL,
-    PRIMARY KEY (tenant_id, thread_id, version)
-);
-
-CREATE TYPE replaysafe.thread_record AS (
-    version    bigint,
-    state      jsonb,
-    updated_at timestamptz
-);
-
--- ---------------------------------------------------------------------------------------
--- Private helpers
--- ---------------------------------------------------------------------------------------
+$$;
 
 -- One message for every ownership refusal: it names neither the owner nor the version.
 CREATE FUNCTION replaysafe._deny_thread()
 RETURNS void
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     PERFORM replaysafe._raise('RS004', 'access denied: this user may not use that thread');
@@ -961,6 +1041,7 @@ $$;
 CREATE FUNCTION replaysafe._stale_thread(p_thread_id text, p_expected bigint, p_current bigint)
 RETURNS void
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     PERFORM replaysafe._raise('RS003',
@@ -971,92 +1052,47 @@ BEGIN
 END
 $$;
 
--- Validation shared by the four thread functions; the valid path costs no function call
--- beyond the inlined _id_ok.
-CREATE FUNCTION replaysafe._check_thread_args(p_tenant_id text, p_thread_id text, p_user_id text)
-RETURNS void
-LANGUAGE plpgsql
-AS $$
-BEGIN
-    PERFORM replaysafe._check_id('p_tenant_id', p_tenant_id);
-    PERFORM replaysafe._check_id('p_thread_id', p_thread_id);
-    PERFORM replaysafe._check_id('p_user_id', p_user_id, true);
-END
-$$;
-
--- Raising forms usable inside read_thread's SQL expression. STABLE (they only read), so
--- the SQL function calling them can still be inlined.
-CREATE FUNCTION replaysafe._thread_args_fail(p_tenant_id text, p_thread_id text, p_user_id text)
-RETURNS boolean
-LANGUAGE plpgsql STABLE
-AS $$
-BEGIN
-    PERFORM replaysafe._check_thread_args(p_tenant_id, p_thread_id, p_user_id);
-    RETURN false;
-END
-$$;
-
-CREATE FUNCTION replaysafe._tenant_or_deny(p_tenant_id text)
-RETURNS boolean
-LANGUAGE plpgsql STABLE
-AS $$
-BEGIN
-    IF NOT replaysafe._tenant_ok(p_tenant_id) THEN
-        PERFORM replaysafe._deny_tenant();
-    END IF;
-    RETURN true;
-END
-$$;
-
-CREATE FUNCTION replaysafe._thread_deny()
-RETURNS boolean
-LANGUAGE plpgsql STABLE
-AS $$
-BEGIN
-    PERFORM replaysafe._deny_thread();
-    RETURN false;
-END
-$$;
-
--- ---------------------------------------------------------------------------------------
--- Public functions
--- ---------------------------------------------------------------------------------------
-
 -- Latest state: (0, NULL, NULL) when the thread was never written; (tombstone version,
 -- NULL, deleted at) after delete_thread. Always exactly one row.
---
--- Reads are the hot path, so this is one plain SQL query that Postgres inlines into the
--- caller's SELECT (no plpgsql call: that costs more server time than the lookups). The
--- checks are a CASE, evaluated in order: arguments (RS005); nothing found -> the tenant
--- check (RS004 for a tenant the role may not act for); another user's thread (RS004).
--- A row the caller can see is one it may SELECT anyway (row-level security), so the
--- tenant check runs only when nothing was found.
 CREATE FUNCTION replaysafe.read_thread(
     p_tenant_id text,
     p_thread_id text,
     p_user_id   text DEFAULT NULL)
 RETURNS SETOF replaysafe.thread_record
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT coalesce(t.version, 0),
-           -- A subquery, so the state is always one primary-key probe (a join may instead
-           -- scan the thread's kept versions).
-           (SELECT v.state FROM replaysafe.thread_versions v
-            WHERE v.tenant_id = t.tenant_id AND v.thread_id = t.thread_id AND v.version = t.version),
-           t.updated_at
-    FROM (VALUES (1)) AS one (x)
-    LEFT JOIN replaysafe.threads t
-           ON t.tenant_id = p_tenant_id AND t.thread_id = p_thread_id
-    WHERE CASE
-        WHEN NOT (replaysafe._id_ok(p_tenant_id) AND replaysafe._id_ok(p_thread_id)
-                  AND (p_user_id IS NULL OR replaysafe._id_ok(p_user_id)))
-            THEN replaysafe._thread_args_fail(p_tenant_id, p_thread_id, p_user_id)
-        WHEN t.thread_id IS NULL
-            THEN replaysafe._tenant_or_deny(p_tenant_id)
-        WHEN t.user_id IS NOT NULL AND t.user_id IS DISTINCT FROM p_user_id
-            THEN replaysafe._thread_deny()
-        ELSE true
-    END
+DECLARE
+    t replaysafe.threads;
+    r replaysafe.thread_record;
+BEGIN
+    IF (octet_length(p_tenant_id) BETWEEN 1 AND 1024 AND length(p_tenant_id) <= 512
+        AND octet_length(p_thread_id) BETWEEN 1 AND 1024 AND length(p_thread_id) <= 512
+        AND (p_user_id IS NULL
+             OR (octet_length(p_user_id) BETWEEN 1 AND 1024 AND length(p_user_id) <= 512)))
+       IS NOT TRUE THEN
+        PERFORM replaysafe._check_thread_args(p_tenant_id, p_thread_id, p_user_id);
+    END IF;
+    PERFORM replaysafe._acts_for(p_tenant_id);
+
+    SELECT * INTO t FROM replaysafe.threads x
+    WHERE x.tenant_id = p_tenant_id AND x.thread_id = p_thread_id;
+    IF NOT FOUND THEN
+        r.version := 0;
+        RETURN NEXT r;
+        RETURN;
+    END IF;
+    IF t.user_id IS NOT NULL AND t.user_id IS DISTINCT FROM p_user_id THEN
+        PERFORM replaysafe._deny_thread();
+    END IF;
+    r.version := t.version;
+    r.updated_at := t.updated_at;
+    -- A tombstone's version has no state row: NULL.
+    SELECT v.state INTO r.state FROM replaysafe.thread_versions v
+    WHERE v.tenant_id = p_tenant_id AND v.thread_id = p_thread_id AND v.version = t.version;
+    RETURN NEXT r;
+END
 $$;
 
 -- Compare-and-swap write. p_expected_version = 0 creates the thread (owned by p_user_id);
@@ -1073,15 +1109,21 @@ CREATE FUNCTION replaysafe.write_thread(
     p_history_limit    integer DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     t         replaysafe.threads;
     v_version bigint;
     v_limit   integer;
     v_oldest  bigint;
+    v_now     timestamptz := clock_timestamp();
 BEGIN
-    IF NOT (replaysafe._id_ok(p_tenant_id) AND replaysafe._id_ok(p_thread_id)
-            AND (p_user_id IS NULL OR replaysafe._id_ok(p_user_id))) THEN
+    IF (octet_length(p_tenant_id) BETWEEN 1 AND 1024 AND length(p_tenant_id) <= 512
+        AND octet_length(p_thread_id) BETWEEN 1 AND 1024 AND length(p_thread_id) <= 512
+        AND (p_user_id IS NULL
+             OR (octet_length(p_user_id) BETWEEN 1 AND 1024 AND length(p_user_id) <= 512)))
+       IS NOT TRUE THEN
         PERFORM replaysafe._check_thread_args(p_tenant_id, p_thread_id, p_user_id);
     END IF;
     IF p_expected_version IS NULL OR p_expected_version < 0 THEN
@@ -1096,20 +1138,18 @@ BEGIN
         PERFORM replaysafe._invalid('p_history_limit',
             'must be a positive number of versions (got ' || p_history_limit || ')');
     END IF;
-    IF NOT replaysafe._tenant_ok(p_tenant_id) THEN
-        PERFORM replaysafe._deny_tenant();
-    END IF;
+    PERFORM replaysafe._acts_for(p_tenant_id);
 
     IF p_expected_version = 0 THEN
         INSERT INTO replaysafe.threads AS x (
             tenant_id, thread_id, user_id, version, history_limit, oldest_kept, created_at,
             updated_at)
         VALUES (p_tenant_id, p_thread_id, p_user_id, 1, coalesce(p_history_limit, 20), 1,
-                now(), now())
+                v_now, v_now)
         ON CONFLICT DO NOTHING;
         IF FOUND THEN
             INSERT INTO replaysafe.thread_versions (tenant_id, thread_id, version, state, created_at)
-            VALUES (p_tenant_id, p_thread_id, 1, p_state, now());
+            VALUES (p_tenant_id, p_thread_id, 1, p_state, v_now);
             RETURN 1;
         END IF;
         -- It exists (perhaps just created by a concurrent writer): a conflict, below.
@@ -1132,7 +1172,7 @@ BEGIN
 
     UPDATE replaysafe.threads x
     SET version = v_version, history_limit = v_limit, oldest_kept = v_oldest, deleted = false,
-        updated_at = now()
+        updated_at = v_now
     WHERE x.tenant_id = p_tenant_id AND x.thread_id = p_thread_id
       AND x.version = p_expected_version;
     IF NOT FOUND THEN
@@ -1143,7 +1183,7 @@ BEGIN
     END IF;
 
     INSERT INTO replaysafe.thread_versions (tenant_id, thread_id, version, state, created_at)
-    VALUES (p_tenant_id, p_thread_id, v_version, p_state, now());
+    VALUES (p_tenant_id, p_thread_id, v_version, p_state, v_now);
     IF v_oldest > t.oldest_kept THEN
         DELETE FROM replaysafe.thread_versions v
         WHERE v.tenant_id = p_tenant_id AND v.thread_id = p_thread_id
@@ -1161,25 +1201,27 @@ CREATE FUNCTION replaysafe.thread_history(
     p_limit     integer DEFAULT 100)
 RETURNS TABLE (version bigint, state jsonb, created_at timestamptz)
 LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_owner text;
 BEGIN
-    IF NOT (replaysafe._id_ok(p_tenant_id) AND replaysafe._id_ok(p_thread_id)
-            AND (p_user_id IS NULL OR replaysafe._id_ok(p_user_id))) THEN
+    IF (octet_length(p_tenant_id) BETWEEN 1 AND 1024 AND length(p_tenant_id) <= 512
+        AND octet_length(p_thread_id) BETWEEN 1 AND 1024 AND length(p_thread_id) <= 512
+        AND (p_user_id IS NULL
+             OR (octet_length(p_user_id) BETWEEN 1 AND 1024 AND length(p_user_id) <= 512)))
+       IS NOT TRUE THEN
         PERFORM replaysafe._check_thread_args(p_tenant_id, p_thread_id, p_user_id);
     END IF;
     IF p_limit IS NULL OR p_limit < 1 THEN
         PERFORM replaysafe._invalid('p_limit', 'must be a positive integer');
     END IF;
+    PERFORM replaysafe._acts_for(p_tenant_id);
 
-    -- As in read_thread: the tenant check only when row-level security shows nothing.
     SELECT t.user_id INTO v_owner FROM replaysafe.threads t
     WHERE t.tenant_id = p_tenant_id AND t.thread_id = p_thread_id;
     IF NOT FOUND THEN
-        IF NOT replaysafe._tenant_ok(p_tenant_id) THEN
-            PERFORM replaysafe._deny_tenant();
-        END IF;
         RETURN;
     END IF;
     IF v_owner IS NOT NULL AND v_owner IS DISTINCT FROM p_user_id THEN
@@ -1203,17 +1245,20 @@ CREATE FUNCTION replaysafe.delete_thread(
     p_user_id   text DEFAULT NULL)
 RETURNS boolean
 LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     t replaysafe.threads;
 BEGIN
-    IF NOT (replaysafe._id_ok(p_tenant_id) AND replaysafe._id_ok(p_thread_id)
-            AND (p_user_id IS NULL OR replaysafe._id_ok(p_user_id))) THEN
+    IF (octet_length(p_tenant_id) BETWEEN 1 AND 1024 AND length(p_tenant_id) <= 512
+        AND octet_length(p_thread_id) BETWEEN 1 AND 1024 AND length(p_thread_id) <= 512
+        AND (p_user_id IS NULL
+             OR (octet_length(p_user_id) BETWEEN 1 AND 1024 AND length(p_user_id) <= 512)))
+       IS NOT TRUE THEN
         PERFORM replaysafe._check_thread_args(p_tenant_id, p_thread_id, p_user_id);
     END IF;
-    IF NOT replaysafe._tenant_ok(p_tenant_id) THEN
-        PERFORM replaysafe._deny_tenant();
-    END IF;
+    PERFORM replaysafe._acts_for(p_tenant_id);
 
     -- Ownership first, without a lock: a refused caller must not block the owner.
     SELECT * INTO t FROM replaysafe.threads x
@@ -1232,7 +1277,8 @@ BEGIN
         RETURN false;
     END IF;
     UPDATE replaysafe.threads x
-    SET version = t.version + 1, deleted = true, oldest_kept = t.version + 2, updated_at = now()
+    SET version = t.version + 1, deleted = true, oldest_kept = t.version + 2,
+        updated_at = clock_timestamp()
     WHERE x.tenant_id = p_tenant_id AND x.thread_id = p_thread_id;
     DELETE FROM replaysafe.thread_versions v
     WHERE v.tenant_id = p_tenant_id AND v.thread_id = p_thread_id
@@ -1242,82 +1288,108 @@ END
 $$;
 
 -- ---------------------------------------------------------------------------------------
--- Audit view (security_invoker: row-level security of the reader applies). Ownership by
--- user id is enforced by the functions; direct SQL sees every thread of its tenant.
+-- Audit views: owner-rights (they read the private tables) and security_barrier (a caller's
+-- own functions in a WHERE clause never see rows the filter removes). Each shows the
+-- caller's tenant only (every tenant to the unbound owner and unbound auditors).
 -- ---------------------------------------------------------------------------------------
 
-CREATE VIEW replaysafe.threads_v WITH (security_invoker = true) AS
+CREATE VIEW replaysafe.actions_v WITH (security_barrier = true) AS
+SELECT x.tenant_id, x.action_key, x.thread_id, x.operation, x.state, x.attempt, x.on_expired,
+       x.idempotency_key, x.request, x.result, x.error, x.provider_reference, x.lease_expires_at,
+       x.created_at, x.updated_at, x.completed_at, x.worker_id, x.resolution_note, x.resolved_at
+FROM replaysafe.actions x
+WHERE x.tenant_id = (SELECT c.tenant_id FROM replaysafe._caller c)
+   OR (SELECT c.reads_all FROM replaysafe._caller c);
+
+CREATE VIEW replaysafe.action_attempts_v WITH (security_barrier = true) AS
+SELECT t.tenant_id, t.action_key, t.attempt, t.worker_id, t.claimed_at, t.ended_at, t.outcome,
+       t.superseded, t.error, t.result, t.provider_reference
+FROM replaysafe.action_attempts t
+WHERE t.tenant_id = (SELECT c.tenant_id FROM replaysafe._caller c)
+   OR (SELECT c.reads_all FROM replaysafe._caller c);
+
+CREATE VIEW replaysafe.unresolved_actions WITH (security_barrier = true) AS
+SELECT x.tenant_id, x.action_key, x.operation, x.state, x.lease_expires_at,
+       now() - CASE WHEN x.state = 'running' THEN x.lease_expires_at ELSE x.updated_at END AS age,
+       x.thread_id, x.created_at, x.updated_at
+FROM replaysafe.actions x
+WHERE (x.state = 'unknown' OR (x.state = 'running' AND x.lease_expires_at <= now()))
+  AND (x.tenant_id = (SELECT c.tenant_id FROM replaysafe._caller c)
+       OR (SELECT c.reads_all FROM replaysafe._caller c));
+
+CREATE VIEW replaysafe.multi_effect_actions WITH (security_barrier = true) AS
+SELECT t.tenant_id, t.action_key, a.operation, count(*) AS successful_attempts
+FROM replaysafe.action_attempts t
+JOIN replaysafe.actions a ON a.tenant_id = t.tenant_id AND a.action_key = t.action_key
+WHERE t.outcome = 'succeeded'
+  AND (t.tenant_id = (SELECT c.tenant_id FROM replaysafe._caller c)
+       OR (SELECT c.reads_all FROM replaysafe._caller c))
+GROUP BY t.tenant_id, t.action_key, a.operation
+HAVING count(*) > 1;
+
+-- Ownership by user id is enforced by the functions; the view shows every thread of the
+-- caller's tenant.
+CREATE VIEW replaysafe.threads_v WITH (security_barrier = true) AS
 SELECT t.tenant_id, t.thread_id, t.user_id, t.version, t.deleted, v.state, t.history_limit,
        t.created_at, t.updated_at
 FROM replaysafe.threads t
 LEFT JOIN replaysafe.thread_versions v
-       ON v.tenant_id = t.tenant_id AND v.thread_id = t.thread_id AND v.version = t.version;
+       ON v.tenant_id = t.tenant_id AND v.thread_id = t.thread_id AND v.version = t.version
+WHERE t.tenant_id = (SELECT c.tenant_id FROM replaysafe._caller c)
+   OR (SELECT c.reads_all FROM replaysafe._caller c);
 
 -- ---------------------------------------------------------------------------------------
--- Row-level security, as for the ledger tables.
+-- Privileges. Row-level security stays enabled with no policy on every table: should a
+-- privilege on a table ever be granted by mistake, that role still reads and writes nothing
+-- (the owner, which the functions run as, is not subject to it: it costs them nothing).
 -- ---------------------------------------------------------------------------------------
 
+ALTER TABLE replaysafe.role_bindings ENABLE ROW LEVEL SECURITY;
+ALTER TABLE replaysafe.installation ENABLE ROW LEVEL SECURITY;
+ALTER TABLE replaysafe.actions ENABLE ROW LEVEL SECURITY;
+ALTER TABLE replaysafe.action_attempts ENABLE ROW LEVEL SECURITY;
 ALTER TABLE replaysafe.threads ENABLE ROW LEVEL SECURITY;
-CREATE POLICY tenant_read ON replaysafe.threads FOR SELECT
-    USING (tenant_id = (SELECT replaysafe._bound_tenant()) OR (SELECT replaysafe._reads_all_tenants()));
-CREATE POLICY tenant_insert ON replaysafe.threads FOR INSERT
-    WITH CHECK (tenant_id = (SELECT replaysafe._bound_tenant()));
-CREATE POLICY tenant_update ON replaysafe.threads FOR UPDATE
-    USING (tenant_id = (SELECT replaysafe._bound_tenant()))
-    WITH CHECK (tenant_id = (SELECT replaysafe._bound_tenant()));
-CREATE POLICY tenant_delete ON replaysafe.threads FOR DELETE
-    USING (tenant_id = (SELECT replaysafe._bound_tenant()));
-
 ALTER TABLE replaysafe.thread_versions ENABLE ROW LEVEL SECURITY;
-CREATE POLICY tenant_read ON replaysafe.thread_versions FOR SELECT
-    USING (tenant_id = (SELECT replaysafe._bound_tenant()) OR (SELECT replaysafe._reads_all_tenants()));
-CREATE POLICY tenant_insert ON replaysafe.thread_versions FOR INSERT
-    WITH CHECK (tenant_id = (SELECT replaysafe._bound_tenant()));
-CREATE POLICY tenant_update ON replaysafe.thread_versions FOR UPDATE
-    USING (tenant_id = (SELECT replaysafe._bound_tenant()))
-    WITH CHECK (tenant_id = (SELECT replaysafe._bound_tenant()));
-CREATE POLICY tenant_delete ON replaysafe.thread_versions FOR DELETE
-    USING (tenant_id = (SELECT replaysafe._bound_tenant()));
 
--- ---------------------------------------------------------------------------------------
--- Privileges
--- ---------------------------------------------------------------------------------------
-
-REVOKE EXECUTE ON FUNCTION
-    replaysafe._deny_thread(),
-    replaysafe._stale_thread(text, bigint, bigint),
-    replaysafe._check_thread_args(text, text, text),
-    replaysafe._thread_args_fail(text, text, text),
-    replaysafe._tenant_or_deny(text),
-    replaysafe._thread_deny(),
-    replaysafe.read_thread(text, text, text),
-    replaysafe.write_thread(text, text, bigint, jsonb, text, integer),
-    replaysafe.thread_history(text, text, text, integer),
-    replaysafe.delete_thread(text, text, text)
-FROM PUBLIC;
+REVOKE ALL ON SCHEMA replaysafe FROM PUBLIC;
+REVOKE ALL ON ALL TABLES IN SCHEMA replaysafe FROM PUBLIC;
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA replaysafe FROM PUBLIC;
 
 DO $grants$
+DECLARE
+    v_views constant text := 'replaysafe.actions_v, replaysafe.action_attempts_v, '
+        'replaysafe.unresolved_actions, replaysafe.multi_effect_actions, replaysafe.threads_v';
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'replaysafe_worker') THEN
+        GRANT USAGE ON SCHEMA replaysafe TO replaysafe_worker;
         GRANT EXECUTE ON FUNCTION
-            replaysafe._deny_thread(),
-            replaysafe._stale_thread(text, bigint, bigint),
-            replaysafe._check_thread_args(text, text, text),
-            replaysafe._thread_args_fail(text, text, text),
-            replaysafe._tenant_or_deny(text),
-            replaysafe._thread_deny(),
+            replaysafe.claim_action(text, text, text, jsonb, text, interval, text, text, timestamptz),
+            replaysafe.claim_actions(text, text[], text[], jsonb[], text, interval, text, text, timestamptz),
+            replaysafe.heartbeat_action(text, text, integer, interval, timestamptz),
+            replaysafe.complete_action(text, text, integer, jsonb, text, timestamptz),
+            replaysafe.fail_action(text, text, integer, jsonb, boolean, timestamptz),
+            replaysafe.mark_action_unknown(text, text, integer, jsonb, timestamptz),
+            replaysafe.sweep_expired_actions(integer, timestamptz),
             replaysafe.read_thread(text, text, text),
             replaysafe.write_thread(text, text, bigint, jsonb, text, integer),
             replaysafe.thread_history(text, text, text, integer),
             replaysafe.delete_thread(text, text, text)
         TO replaysafe_worker;
-        GRANT SELECT, INSERT, UPDATE, DELETE ON replaysafe.threads, replaysafe.thread_versions
-            TO replaysafe_worker;
-        GRANT SELECT ON replaysafe.threads_v TO replaysafe_worker;
+        EXECUTE 'GRANT SELECT ON ' || v_views || ' TO replaysafe_worker';
     END IF;
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'replaysafe_auditor') THEN
-        GRANT SELECT ON replaysafe.threads, replaysafe.thread_versions, replaysafe.threads_v
-            TO replaysafe_auditor;
+        GRANT USAGE ON SCHEMA replaysafe TO replaysafe_auditor;
+        EXECUTE 'GRANT SELECT ON ' || v_views || ' TO replaysafe_auditor';
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'replaysafe_operator') THEN
+        GRANT USAGE ON SCHEMA replaysafe TO replaysafe_operator;
+        GRANT EXECUTE ON FUNCTION
+            replaysafe.resolve_action(text, text, text, jsonb, jsonb, text, text, timestamptz, integer),
+            replaysafe.reopen_action(text, text, text, timestamptz),
+            replaysafe.purge_actions(interval, integer, timestamptz),
+            replaysafe.sweep_expired_actions(integer, timestamptz)
+        TO replaysafe_operator;
+        EXECUTE 'GRANT SELECT ON ' || v_views || ' TO replaysafe_operator';
     END IF;
 END
 $grants$;

@@ -9,6 +9,7 @@ from typing import Any
 import psycopg
 import pytest
 from _cli_helpers import assert_one_line_error, at, run, run_json
+from psycopg import conninfo as pg_conninfo
 
 import replaysafe_pg
 import replaysafe_pg.schema
@@ -311,3 +312,26 @@ def test_durations(text: str, seconds: int) -> None:
 def test_bad_durations(text: str) -> None:
     with pytest.raises(ValueError, match="not a duration"):
         parse_duration(text)
+
+
+def test_doctor_lists_objects_the_migration_did_not_create_or_another_role_owns(
+        dsn: str, make_role: Any) -> None:
+    assert run("doctor", dsn=dsn).exit_code == 0
+    intruder = make_role()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE FUNCTION replaysafe.claim_action(text) RETURNS int LANGUAGE sql "
+                     "AS 'SELECT 1'")  # an overload: unpinned, not the migration's
+        conn.execute(f'GRANT USAGE, CREATE ON SCHEMA replaysafe TO "{intruder}"')
+    with psycopg.connect(pg_conninfo.make_conninfo(dsn, user=intruder), autocommit=True) as conn:
+        conn.execute("CREATE TABLE replaysafe.notes (x int)")
+    result = run("doctor", dsn=dsn)
+    assert result.exit_code == 1
+    out = result.stdout
+    assert "FAIL  schema objects created by the migration: NOT created by the migration: " in out
+    assert "function replaysafe.claim_action(text)" in out and "table notes" in out
+    assert f"FAIL  schema objects owned by the schema owner: owned by another role: table notes " \
+           f"(owner {intruder})" in out
+    assert "FAIL  functions pin search_path: NOT pinned: function replaysafe.claim_action(text)" in out
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DROP TABLE replaysafe.notes")
+        conn.execute(f'REVOKE ALL ON SCHEMA replaysafe FROM "{intruder}"')

@@ -1,5 +1,7 @@
-"""SPEC §4: tenant isolation by role binding and row-level security, for every function and
-for direct SQL on every table and view of the schema. Roles are real LOGIN roles."""
+"""SPEC §4: tenant isolation by role binding, for every function and for direct SQL on every
+table and view of the schema. The functions are the only way in (SECURITY DEFINER); no group
+role holds a privilege on a table; the views show the caller's tenant. Roles are real LOGIN
+roles. The attacks of the security review are in test_trust_boundary.py."""
 
 from __future__ import annotations
 
@@ -68,6 +70,10 @@ def relations(dsn: str) -> list[tuple[str, str, bool]]:
             ORDER BY 1""").fetchall()
 
 
+def views(dsn: str) -> list[str]:
+    return [name for name, kind, _ in relations(dsn) if kind == "v" and not name.startswith("_")]
+
+
 def tenant_rows(c: Conn, relation: str) -> list[str] | None:
     """tenant_id of every visible row, or None when the role may not read the relation."""
     try:
@@ -104,7 +110,6 @@ def thread_and_ledger_calls(tenant: str) -> list[str]:
         f"replaysafe.fail_action({t}, p_action_key => 'live', p_attempt => 1, p_error => '{{}}')",
         f"replaysafe.mark_action_unknown({t}, p_action_key => 'live', p_attempt => 1, "
         "p_error => '{}')",
-        f"replaysafe.resolve_action({t}, p_action_key => 'live', p_state => 'failed')",
         f"replaysafe.read_thread({t}, p_thread_id => 'shared')",
         f"replaysafe.write_thread({t}, p_thread_id => 'shared', p_expected_version => 2, "
         "p_state => '{}')",
@@ -167,12 +172,20 @@ def test_bound_role_through_the_driver(world: str, make_role: MakeRole) -> None:
         a.read("owned")
 
 
-def test_sweep_and_purge_as_bound_role_touch_only_its_tenant(world: str, worker_a: Conn) -> None:
-    swept = worker_a.execute("SELECT replaysafe.sweep_expired_actions(p_now => %s)",
-                             (at(60),)).fetchone()
-    assert swept == (1,)
-    purged = worker_a.execute("SELECT replaysafe.purge_actions(p_older_than => '10 seconds', "
-                              "p_now => %s)", (at(60),)).fetchone()
+def test_sweep_and_purge_as_bound_role_touch_only_its_tenant(world: str, worker_a: Conn,
+                                                            make_role: MakeRole) -> None:
+    # The seeded leases are of 2026-01-01; only an operator may sweep at a time of its choice.
+    with pytest.raises(psycopg.Error) as err:
+        worker_a.execute("SELECT replaysafe.sweep_expired_actions(p_now => %s)", (at(60),))
+    assert err.value.sqlstate == "RS005"
+    operator = make_role("replaysafe_operator")  # purging is an operator's duty
+    bind(world, operator, "A")
+    with connect_as(world, operator) as c:
+        swept = c.execute("SELECT replaysafe.sweep_expired_actions(p_now => %s)",
+                          (at(60),)).fetchone()
+        assert swept == (1,)
+        purged = c.execute("SELECT replaysafe.purge_actions(p_older_than => '10 seconds', "
+                           "p_now => %s)", (at(60),)).fetchone()
     assert purged == (1,)
     with psycopg.connect(world) as owner:
         states = owner.execute("SELECT tenant_id, action_key, state::text FROM replaysafe.actions "
@@ -184,23 +197,22 @@ def test_sweep_and_purge_as_bound_role_touch_only_its_tenant(world: str, worker_
 
 # --- through direct SQL ----------------------------------------------------------------
 
-def test_bound_role_direct_sql_sees_and_changes_nothing_of_another_tenant(
+def test_bound_role_direct_sql_sees_its_tenant_through_the_views_only(
         world: str, worker_a: Conn) -> None:
     before = snapshot(world)
     rels = relations(world)
     seen_a = set()
-    for name, _kind, has_tenant in rels:
-        if not has_tenant:  # alembic_version: not granted at all
+    for name, kind, _has_tenant in rels:
+        if kind != "v" or name.startswith("_"):  # tables and the private view: no privilege
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
-                worker_a.execute(sql.SQL("SELECT * FROM replaysafe.{}").format(sql.Identifier(name)))
+                worker_a.execute(sql.SQL("SELECT 1 FROM replaysafe.{}").format(sql.Identifier(name)))
             continue
         visible = tenant_rows(worker_a, name)
         assert visible is not None, name
         assert "B" not in visible, name
         if "A" in visible:
             seen_a.add(name)
-    assert seen_a >= {"actions", "action_attempts", "threads", "thread_versions", "role_bindings",
-                      "actions_v", "action_attempts_v", "threads_v", "unresolved_actions"}
+    assert seen_a >= {"actions_v", "action_attempts_v", "threads_v", "unresolved_actions"}
 
     not_writable = (psycopg.errors.InsufficientPrivilege,
                     psycopg.errors.ObjectNotInPrerequisiteState, psycopg.errors.FeatureNotSupported)
@@ -208,24 +220,12 @@ def test_bound_role_direct_sql_sees_and_changes_nothing_of_another_tenant(
         if not has_tenant:
             continue
         for stmt in ("UPDATE replaysafe.{} SET tenant_id = tenant_id WHERE tenant_id = 'B'",
-                     "UPDATE replaysafe.{} SET tenant_id = 'A' WHERE tenant_id = 'B'",
-                     "DELETE FROM replaysafe.{} WHERE tenant_id = 'B'"):
-            try:
-                cur = worker_a.execute(sql.SQL(stmt).format(sql.Identifier(name)))
-            except not_writable:
-                continue
-            assert cur.rowcount == 0, (name, stmt)
-    # An unqualified DELETE removes the role's own tenant's rows only.
-    for name, _kind, has_tenant in rels:
-        if has_tenant:
-            try:
-                worker_a.execute(sql.SQL("DELETE FROM replaysafe.{}").format(sql.Identifier(name)))
-            except not_writable:
-                continue
-    after = snapshot(world)
-    for table, rows in before.items():
-        assert [r for r in after[table] if "B" in r] == [r for r in rows if "B" in r], table
-    assert after["threads"] == [r for r in before["threads"] if "B" in r]
+                     "UPDATE replaysafe.{} SET tenant_id = 'A' WHERE tenant_id = 'A'",
+                     "DELETE FROM replaysafe.{} WHERE tenant_id = 'B'",
+                     "DELETE FROM replaysafe.{}"):
+            with pytest.raises(not_writable):
+                worker_a.execute(sql.SQL(stmt).format(sql.Identifier(name)))
+    assert snapshot(world) == before
 
 
 def test_bound_role_cannot_insert_rows_of_another_tenant(world: str, worker_a: Conn) -> None:
@@ -252,11 +252,11 @@ def test_unbound_role_sees_and_changes_nothing(world: str, make_role: MakeRole) 
         for name, _kind, has_tenant in relations(world):
             if has_tenant:
                 assert tenant_rows(c, name) in ([], None), name
-        assert c.execute("SELECT replaysafe.sweep_expired_actions(p_now => %s)",
-                         (LATER,)).fetchone() == (0,)
-        assert c.execute("SELECT replaysafe.purge_actions(p_older_than => '0 seconds', "
-                         "p_now => %s)", (LATER,)).fetchone() == (0,)
-        assert c.execute("DELETE FROM replaysafe.thread_versions").rowcount == 0
+        assert c.execute("SELECT replaysafe.sweep_expired_actions()").fetchone() == (0,)
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):  # an operator's duty
+            c.execute("SELECT replaysafe.purge_actions(p_older_than => '0 seconds')")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            c.execute("DELETE FROM replaysafe.thread_versions")
     assert snapshot(world) == before
 
 
@@ -264,18 +264,20 @@ def test_auditor_reads_every_tenant_and_cannot_write(world: str, make_role: Make
     role = make_role("replaysafe_auditor")
     before = snapshot(world)
     with connect_as(world, role) as c:
-        for name in ("actions", "action_attempts", "threads", "thread_versions", "actions_v",
-                     "action_attempts_v", "threads_v"):
+        for name in ("actions_v", "action_attempts_v", "threads_v", "unresolved_actions"):
             assert set(tenant_rows(c, name) or []) == {"A", "B"}, name
+        for name in ("actions", "action_attempts", "threads", "thread_versions", "role_bindings"):
+            assert tenant_rows(c, name) is None, name
         for stmt in ("DELETE FROM replaysafe.thread_versions",
                      "UPDATE replaysafe.threads SET version = version + 1",
                      "UPDATE replaysafe.actions SET state = 'failed'",
+                     "UPDATE replaysafe.actions_v SET state = 'failed'",
                      "INSERT INTO replaysafe.role_bindings (role_name, tenant_id) VALUES ('x', 'A')"):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 c.execute(stmt)
         for call in ("replaysafe.write_thread(p_tenant_id => 'A', p_thread_id => 'shared', "
                      "p_expected_version => 2, p_state => '{}')",
-                     "replaysafe.sweep_expired_actions(p_now => now() + interval '1 day')"):
+                     "replaysafe.sweep_expired_actions()"):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 c.execute(f"SELECT {call}")
     assert snapshot(world) == before
@@ -283,7 +285,7 @@ def test_auditor_reads_every_tenant_and_cannot_write(world: str, make_role: Make
     bind(world, role, "A")  # a bound auditor reads its tenant only
     with connect_as(world, role) as c:
         assert set(tenant_rows(c, "threads_v") or []) == {"A"}
-        assert set(tenant_rows(c, "actions") or []) == {"A"}
+        assert set(tenant_rows(c, "actions_v") or []) == {"A"}
 
 
 # --- bindings --------------------------------------------------------------------------
@@ -292,10 +294,10 @@ def test_rebinding_moves_the_role_and_unbinding_removes_it(world: str, make_role
     role = make_role("replaysafe_worker")
     bind(world, role, "A")
     with connect_as(world, role) as c:
-        assert set(tenant_rows(c, "threads") or []) == {"A"}
+        assert set(tenant_rows(c, "threads_v") or []) == {"A"}
     bind(world, role, "B")
     with connect_as(world, role) as c:
-        assert set(tenant_rows(c, "threads") or []) == {"B"}
+        assert set(tenant_rows(c, "threads_v") or []) == {"B"}
         assert_every_call_denied(c, "A")
         assert c.execute("SELECT version FROM replaysafe.read_thread(p_tenant_id => 'B', "
                          "p_thread_id => 'shared')").fetchone() == (2,)
@@ -303,18 +305,17 @@ def test_rebinding_moves_the_role_and_unbinding_removes_it(world: str, make_role
         assert owner.execute("SELECT replaysafe.unbind_role(p_role => %s)", (role,)).fetchone() == (True,)
         assert owner.execute("SELECT replaysafe.unbind_role(p_role => %s)", (role,)).fetchone() == (False,)
     with connect_as(world, role) as c:
-        assert tenant_rows(c, "threads") == []
+        assert tenant_rows(c, "threads_v") == []
         assert_every_call_denied(c, "B")
 
 
-def test_bound_role_sees_only_its_own_binding_and_cannot_change_bindings(
+def test_bound_role_sees_no_binding_and_cannot_change_bindings(
         world: str, make_role: MakeRole) -> None:
     role_a, role_b = make_role("replaysafe_worker"), make_role("replaysafe_worker")
     bind(world, role_a, "A")
     bind(world, role_b, "B")
     with connect_as(world, role_a) as c:
-        assert c.execute("SELECT role_name, tenant_id FROM replaysafe.role_bindings").fetchall() == [
-            (role_a, "A")]
+        assert tenant_rows(c, "role_bindings") is None
         for call in (f"replaysafe.bind_role_to_tenant(p_role => '{role_a}', p_tenant_id => 'B')",
                      f"replaysafe.unbind_role(p_role => '{role_b}')"):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):

@@ -100,7 +100,8 @@ def test_schema_sql_equals_alembic_chain(new_db: Callable[[], str], reference_du
     replaysafe_pg.migrate(migrated)
     assert schema_dump(migrated) == reference_dump
     assert "CREATE FUNCTION replaysafe.claim_action(" in reference_dump
-    assert "CREATE POLICY tenant_read ON replaysafe.actions" in reference_dump
+    assert "SECURITY DEFINER" in reference_dump
+    assert "CREATE POLICY" not in reference_dump  # RLS on, no policy: only the owner reads
     assert versions(migrated) == [head_revision()]
 
 
@@ -108,9 +109,12 @@ def test_schema_sql_equals_alembic_chain(new_db: Callable[[], str], reference_du
     "CREATE FUNCTION replaysafe.extra() RETURNS int LANGUAGE sql AS 'SELECT 1'",
     "ALTER TABLE replaysafe.actions ADD COLUMN extra int",
     "CREATE INDEX extra_idx ON replaysafe.action_attempts (worker_id)",
-    "CREATE OR REPLACE FUNCTION replaysafe._id_ok(p_value text) RETURNS boolean LANGUAGE sql "
-    "IMMUTABLE AS $$ SELECT $1 IS NOT NULL AND length($1) BETWEEN 1 AND 511 $$",
-    "DROP POLICY tenant_delete ON replaysafe.actions",
+    "CREATE OR REPLACE FUNCTION replaysafe._invalid(p_name text, p_rule text) RETURNS void "
+    "LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$ BEGIN NULL; END $$",
+    "ALTER TABLE replaysafe.actions DISABLE ROW LEVEL SECURITY",
+    "ALTER FUNCTION replaysafe.claim_action(text, text, text, jsonb, text, interval, text, text, "
+    "timestamptz) RESET search_path",
+    "ALTER FUNCTION replaysafe.read_thread(text, text, text) SECURITY INVOKER",
     "REVOKE SELECT ON replaysafe.actions_v FROM replaysafe_auditor",
     "ALTER TYPE replaysafe.action_state ADD VALUE 'cancelled'",
 ])
@@ -280,3 +284,87 @@ def test_inside_a_users_own_alembic_env(tmp_path: Path, empty_dsn: str,
     assert schema_dump(empty_dsn) == reference_dump
     with psycopg.connect(empty_dsn) as c:
         assert c.execute("SELECT to_regclass('public.widgets')").fetchone() == ("widgets",)
+
+
+# --- (f) the trust boundary's revision (0003) and the schema guard ------------------------------
+
+def test_0003_upgrades_a_0002_installation_and_downgrades_back(new_db: Callable[[], str]) -> None:
+    at_0002, dsn = new_db(), new_db()
+    replaysafe_pg.migrate(at_0002, "0002")
+    replaysafe_pg.migrate(dsn, "0002")
+    with psycopg.connect(dsn, autocommit=True) as c:
+        old_key = c.execute(
+            "SELECT idempotency_key FROM replaysafe.claim_action(p_tenant_id => 't', "
+            "p_action_key => 'old', p_operation => 'op', p_request => '{}', p_worker_id => 'w')"
+        ).fetchone()
+    replaysafe_pg.migrate(dsn)
+    with replaysafe_pg.Ledger(dsn, tenant_id="t") as led:
+        # An action stored before the upgrade keeps its key (providers deduped on it) ...
+        assert led.get("old").idempotency_key == old_key[0]  # type: ignore[union-attr,index]
+        assert old_key[0].startswith("rs1_")  # type: ignore[index]
+        # ... a new one gets a key salted with the installation's secret.
+        assert led.claim("new", "op", {}).idempotency_key.startswith("rs2_")
+    replaysafe_pg.downgrade(dsn, "0002")
+    assert schema_dump(dsn) == schema_dump(at_0002)
+    assert versions(dsn) == ["0002"]
+
+
+def test_migrate_refuses_a_schema_squatted_by_another_role(empty_dsn: str,
+                                                          make_role: Callable[..., str]) -> None:
+    squatter = make_role()
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        db = c.execute("SELECT current_database()").fetchone()[0]  # type: ignore[index]
+        c.execute(f'GRANT CREATE ON DATABASE "{db}" TO "{squatter}"')
+    with psycopg.connect(pg_conninfo.make_conninfo(empty_dsn, user=squatter), autocommit=True) as c:
+        c.execute("CREATE SCHEMA replaysafe")
+        c.execute("CREATE TABLE replaysafe.alembic_version (version_num varchar(32) PRIMARY KEY)")
+        c.execute("CREATE FUNCTION replaysafe._raise(text, text, text) RETURNS void "
+                  "LANGUAGE sql AS 'SELECT NULL'")
+    with pytest.raises(Exception, match="owned by role"):
+        replaysafe_pg.migrate(empty_dsn)
+    with psycopg.connect(empty_dsn) as c:
+        assert c.execute("SELECT count(*) FROM pg_proc "
+                         "WHERE pronamespace = 'replaysafe'::regnamespace").fetchone() == (1,)
+        c.execute("DROP SCHEMA replaysafe CASCADE")
+        c.execute(f'REVOKE ALL ON DATABASE "{db}" FROM "{squatter}"')
+        c.commit()
+
+
+def test_migrate_refuses_a_schema_it_did_not_create(empty_dsn: str) -> None:
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        c.execute("CREATE SCHEMA replaysafe")  # same owner, but not the migration's
+    with pytest.raises(Exception, match="did not create it"):
+        replaysafe_pg.migrate(empty_dsn)
+    assert replaysafe_pg.current_revision(empty_dsn) is None
+
+
+def test_migrate_refuses_objects_of_another_role_inside_the_schema(
+        empty_dsn: str, make_role: Callable[..., str]) -> None:
+    replaysafe_pg.migrate(empty_dsn, "0002")
+    intruder = make_role()
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        # e.g. a role that once held CREATE on the schema
+        c.execute(f'GRANT USAGE, CREATE ON SCHEMA replaysafe TO "{intruder}"')
+    with psycopg.connect(pg_conninfo.make_conninfo(empty_dsn, user=intruder), autocommit=True) as c:
+        c.execute("CREATE FUNCTION replaysafe.helper() RETURNS int LANGUAGE sql AS 'SELECT 1'")
+    with pytest.raises(Exception, match="owned by another role"):
+        replaysafe_pg.migrate(empty_dsn)
+    assert replaysafe_pg.current_revision(empty_dsn) == "0002"
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        c.execute("DROP FUNCTION replaysafe.helper()")
+        c.execute(f'REVOKE ALL ON SCHEMA replaysafe FROM "{intruder}"')
+
+
+def test_migrate_keeps_the_callers_search_path(new_db: Callable[[], str]) -> None:
+    import sqlalchemy as sa
+
+    dsn = new_db()
+    engine = sa.create_engine(sqlalchemy_url(dsn), poolclass=sa.NullPool)
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text("SET LOCAL search_path = public, pg_catalog"))
+            replaysafe_pg.migrate(conn)
+            assert conn.execute(sa.text("SHOW search_path")).scalar() == "public, pg_catalog"
+    finally:
+        engine.dispose()
+    assert versions(dsn) == [head_revision()]

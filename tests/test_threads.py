@@ -27,7 +27,6 @@ from replaysafe_pg import (
     downgrade,
     migrate,
 )
-from replaysafe_pg.schema import migrations_dir, sql_dir
 
 Conn = psycopg.Connection[Any]
 
@@ -66,13 +65,6 @@ def test_functions_have_the_spec_signatures(conn: Conn) -> None:
                         "p_tenant_id => 't', p_thread_id => 'x')").fetchall() == [(1,)]
     assert conn.execute("SELECT replaysafe.delete_thread(p_tenant_id => 't', p_thread_id => 'x', "
                         "p_user_id => NULL)").fetchone() == (True,)
-
-
-def test_schema_sql_is_the_two_revisions_in_order() -> None:
-    versions_dir = migrations_dir() / "versions"
-    ledger = (versions_dir / "0001_ledger.sql").read_text(encoding="utf-8")
-    thread_state = (versions_dir / "0002_threads.sql").read_text(encoding="utf-8")
-    assert (sql_dir() / "schema.sql").read_text(encoding="utf-8") == ledger + "\n" + thread_state
 
 
 def test_revision_0002_downgrades_to_the_ledger_and_back(empty_dsn: str) -> None:
