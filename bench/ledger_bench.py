@@ -4,18 +4,23 @@
 
 Starts its own embedded Postgres under /tmp with default (durable) settings, stops it by PID
 at the end. Every cell runs for a fixed time on c connections, each in its own spawned
-process (started once and reused). Three ways to do each operation:
+process (started once and reused). Everything is measured as a bound worker login (a LOGIN
+role in ``replaysafe_worker``, bound to the bench tenant): what users run, through the
+security path. Four ways to do each operation:
 
 * ``floor`` — bare SQL on a table of the same shape as ``replaysafe.actions`` (same columns,
-  keys and indexes): ``INSERT ... ON CONFLICT DO NOTHING RETURNING`` then
-  ``UPDATE ... WHERE pk`` (claim+complete), ``SELECT`` by primary key (replay), the INSERT
-  alone (claim-only); prepared statements, autocommit.
-* ``sql`` — the driver's named queries (``sql/queries.sql``) calling the ledger functions,
-  prepared, autocommit: what the database costs.
-* ``driver`` — the ``Ledger`` methods: adds the Python driver's own work.
+  keys and indexes), on which the worker holds plain privileges: ``INSERT ... ON CONFLICT DO
+  NOTHING RETURNING`` then ``UPDATE ... WHERE pk`` (claim+complete), ``SELECT`` by primary
+  key (replay), the INSERT alone (claim-only); prepared statements, autocommit.
+* ``0002`` — the same function calls on a second database at revision 0002 (before the trust
+  boundary: SECURITY INVOKER functions, row-level security), in the same run.
+* ``sql`` — the driver's named queries (``sql/queries.sql``) calling the ledger functions at
+  head, prepared, autocommit: what the database costs.
+* ``driver`` — the ``Ledger`` methods at head: adds the Python driver's own work.
 
 Then, on one connection, WAL bytes, transaction ids and commits per operation (replays must
-assign no transaction id and write no WAL).
+assign no transaction id and write no WAL), and the server-side cost of one call of an empty
+plpgsql function as SECURITY INVOKER or DEFINER, with or without a pinned search_path.
 """
 
 from __future__ import annotations
@@ -41,8 +46,9 @@ from psycopg import conninfo as pg_conninfo
 warnings.filterwarnings("ignore", module="platformdirs")
 
 OPS = ("claim+complete", "replay", "claim-only")
-VARIANTS = ("floor", "sql", "driver")
+VARIANTS = ("floor", "0002", "sql", "driver")
 TENANT = "bench"
+WORKER_ROLE = "bench_worker"
 REQUEST = {"order": 42, "amount_cents": 1250, "currency": "EUR"}
 RESULT = {"refund_id": "re_3PqX9", "status": "succeeded"}
 REPLAY_KEYS = 1000
@@ -74,11 +80,15 @@ def idem(key: str) -> str:
 # --- the operations, as one callable per (operation, variant) ---------------------------------
 
 def make_op(op: str, variant: str, conn: psycopg.Connection[Any], ledger: Any,
-            new_key: Callable[[], str], replay_key: Callable[[], str]) -> Callable[[], None]:
+            new_key: Callable[[], str], replay_key: Callable[[], str],
+            before: psycopg.Connection[Any] | None = None) -> Callable[[], None]:
     from replaysafe_pg import queries
 
     request_json, result_json = json.dumps(REQUEST), json.dumps(RESULT)
     worker = ledger.worker_id
+    if variant == "0002":  # the same calls, on the database at revision 0002
+        assert before is not None
+        conn, variant = before, "sql"
 
     def claim_params(key: str) -> dict[str, Any]:
         return {"tenant_id": TENANT, "action_key": key, "operation": "refund",
@@ -148,7 +158,9 @@ def worker_main(dsn: str, idx: int, inbox: Any, outbox: Any) -> None:
     warnings.filterwarnings("ignore", module="platformdirs")
     from replaysafe_pg import Ledger
 
+    dsn, before_dsn = dsn.split("|")
     conn = psycopg.connect(dsn, autocommit=True)
+    before = psycopg.connect(before_dsn, autocommit=True)
     ledger = Ledger(conn, tenant_id=TENANT, worker_id=f"bench-{idx}")
     outbox.put(("ready", idx))
     replay_cycle = itertools.cycle(f"replay-{i}" for i in range(idx, REPLAY_KEYS, 16))
@@ -163,7 +175,7 @@ def worker_main(dsn: str, idx: int, inbox: Any, outbox: Any) -> None:
         run = runs.get((op, variant))
         if run is None:
             run = runs[op, variant] = make_op(op, variant, conn, ledger, new_key,
-                                              lambda: next(replay_cycle))
+                                              lambda: next(replay_cycle), before)
             for _ in range(20):  # warm up: plans prepared, caches filled
                 run()
         time.sleep(max(0.0, start_at - time.monotonic()))
@@ -173,6 +185,7 @@ def worker_main(dsn: str, idx: int, inbox: Any, outbox: Any) -> None:
             latencies.append(time.perf_counter() - t0)
         outbox.put(("done", latencies))
     conn.close()
+    before.close()
 
 
 class Workers:
@@ -225,13 +238,17 @@ class Workers:
 
 # --- setup and per-operation costs ------------------------------------------------------------------
 
-def setup(dsn: str) -> None:
+def setup(dsn: str, revision: str = "head") -> None:
     import replaysafe_pg
     from replaysafe_pg import Ledger
 
-    replaysafe_pg.migrate(dsn)
+    replaysafe_pg.migrate(dsn, revision)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(FLOOR_DDL)
+        conn.execute(f"GRANT USAGE ON SCHEMA bench TO {WORKER_ROLE}; "
+                     f"GRANT SELECT, INSERT, UPDATE ON bench.actions TO {WORKER_ROLE}")
+        conn.execute("SELECT replaysafe.bind_role_to_tenant(p_role => %s, p_tenant_id => %s)",
+                     (WORKER_ROLE, TENANT))
         conn.execute("SET synchronous_commit = off")  # this session only: loading, not measuring
         led = Ledger(conn, tenant_id=TENANT, worker_id="setup")
         floor = make_op("claim+complete", "floor", conn, led, iter(
@@ -243,21 +260,24 @@ def setup(dsn: str) -> None:
         conn.execute("VACUUM ANALYZE")
 
 
-def costs(dsn: str, n: int = 200) -> dict[tuple[str, str], dict[str, float]]:
+def costs(dsn: str, before_dsn: str, n: int = 200) -> dict[tuple[str, str], dict[str, float]]:
     """WAL bytes, transaction ids and commits per operation, on one connection."""
     from replaysafe_pg import Ledger
 
     out: dict[tuple[str, str], dict[str, float]] = {}
     with psycopg.connect(dsn, autocommit=True) as conn, \
+            psycopg.connect(before_dsn, autocommit=True) as before, \
             psycopg.connect(dsn, autocommit=True) as probe:
-        conn.execute("VACUUM")  # no pruning or hint-bit writes left for the reads to do
+        probe.execute("VACUUM")  # no pruning or hint-bit writes left for the reads to do
         led = Ledger(conn, tenant_id=TENANT, worker_id="costs")
         seq = itertools.count()
         replay = itertools.cycle(f"replay-{i}" for i in range(REPLAY_KEYS))
         for op in OPS:
             for variant in VARIANTS:
+                if variant == "0002":
+                    continue  # another database: the probe below reads this one's counters
                 run = make_op(op, variant, conn, led, lambda: f"cost:{next(seq)}",
-                              lambda: next(replay))
+                              lambda: next(replay), before)
                 for _ in range(20):
                     run()
 
@@ -284,6 +304,36 @@ def costs(dsn: str, n: int = 200) -> dict[tuple[str, str], dict[str, float]]:
     return out
 
 
+BOUNDARY_FNS = """
+CREATE FUNCTION bench.f_invoker(int) RETURNS boolean LANGUAGE plpgsql
+    AS $$ BEGIN RETURN true; END $$;
+CREATE FUNCTION bench.f_definer(int) RETURNS boolean LANGUAGE plpgsql SECURITY DEFINER
+    AS $$ BEGIN RETURN true; END $$;
+CREATE FUNCTION bench.f_invoker_pinned(int) RETURNS boolean LANGUAGE plpgsql
+    SET search_path = pg_catalog, pg_temp AS $$ BEGIN RETURN true; END $$;
+CREATE FUNCTION bench.f_definer_pinned(int) RETURNS boolean LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp AS $$ BEGIN RETURN true; END $$;
+"""
+
+
+def boundary_costs(owner_dsn: str, dsn: str, calls: int = 200_000) -> dict[str, float]:
+    """Server-side microseconds per call of an empty plpgsql function, called by the worker."""
+    with psycopg.connect(owner_dsn, autocommit=True) as owner:
+        owner.execute(BOUNDARY_FNS)
+        owner.execute(f"GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA bench TO {WORKER_ROLE}")
+    out: dict[str, float] = {}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for _ in range(2):  # the second round counts (caches warm)
+            for fn in ("f_invoker", "f_definer", "f_invoker_pinned", "f_definer_pinned"):
+                row = conn.execute(
+                    f"SELECT extract(epoch FROM clock_timestamp() - t0) FROM (SELECT "
+                    f"clock_timestamp() AS t0) s, LATERAL (SELECT count(*) FROM "
+                    f"generate_series(1, {calls}) g WHERE bench.{fn}(g)) c").fetchone()
+                assert row is not None
+                out[fn] = float(row[0]) / calls * 1e6
+    return out
+
+
 # --- main ------------------------------------------------------------------------------------------
 
 def main() -> None:
@@ -302,27 +352,41 @@ def main() -> None:
     server = embedded.start(tmp / "pgdata")  # default settings: fsync and synchronous_commit on
     workers: Workers | None = None
     try:
-        with psycopg.connect(server.dsn, autocommit=True) as c:
-            settings = dict(c.execute("SELECT name, setting FROM pg_settings WHERE name IN "
-                                      "('fsync', 'synchronous_commit', 'server_version', "
-                                      "'data_checksums')").fetchall())
-            c.execute("CREATE DATABASE bench")
-        dsn = pg_conninfo.make_conninfo(server.dsn, dbname="bench")
-        setup(dsn)
-        workers = Workers(dsn, max(conn_counts))
+        with psycopg.connect(server.dsn, autocommit=True) as admin:
+            settings: dict[str, str] = dict(admin.execute(
+                "SELECT name, setting FROM pg_settings WHERE name IN ('fsync', "
+                "'synchronous_commit', 'server_version', 'data_checksums')").fetchall())
+            admin.execute("CREATE DATABASE bench")
+            admin.execute("CREATE DATABASE bench_0002")
+        owner_dsn = pg_conninfo.make_conninfo(server.dsn, dbname="bench")
+        owner_before = pg_conninfo.make_conninfo(server.dsn, dbname="bench_0002")
+        import replaysafe_pg
+
+        replaysafe_pg.migrate(owner_before, "0002")  # creates the group roles
+        with psycopg.connect(server.dsn, autocommit=True) as admin:
+            admin.execute(f"CREATE ROLE {WORKER_ROLE} LOGIN IN ROLE replaysafe_worker")
+        setup(owner_before, "0002")
+        setup(owner_dsn)
+        dsn = pg_conninfo.make_conninfo(owner_dsn, user=WORKER_ROLE)
+        before_dsn = pg_conninfo.make_conninfo(owner_before, user=WORKER_ROLE)
+        workers = Workers(f"{dsn}|{before_dsn}", max(conn_counts))
         print(f"# Postgres {settings['server_version']}, fsync={settings['fsync']}, "
               f"synchronous_commit={settings['synchronous_commit']}, "
               f"data_checksums={settings.get('data_checksums')}, {os.cpu_count()} CPUs, "
               f"{args.duration:g} s per variant and cell in {args.slices} alternating slices, "
               f"psycopg {psycopg.__version__}\n")
-        print("| operation | c | floor ops/s | sql ops/s (ratio) | driver ops/s (ratio) "
-              "| p50 ms floor / sql / driver | p99 ms floor / sql / driver |")
-        print("|---|--:|--:|--:|--:|--:|--:|")
+        print(f"# as the bound worker login {WORKER_ROLE}; 0002 = the same calls on a database at "
+              "revision 0002 (before the trust boundary)\n")
+        print("| operation | c | floor ops/s | 0002 ops/s (ratio) | sql ops/s (ratio) "
+              "| driver ops/s (ratio) | p50 ms floor / 0002 / sql / driver "
+              "| p99 ms floor / 0002 / sql / driver |")
+        print("|---|--:|--:|--:|--:|--:|--:|--:|")
         for op in OPS:
             for c in conn_counts:
                 got = workers.cell(op, c, args.duration, args.slices)
                 floor = got["floor"][0]
                 print(f"| {op} | {c} | {floor:,.0f} "
+                      f"| {got['0002'][0]:,.0f} ({got['0002'][0] / floor:.2f}x) "
                       f"| {got['sql'][0]:,.0f} ({got['sql'][0] / floor:.2f}x) "
                       f"| {got['driver'][0]:,.0f} ({got['driver'][0] / floor:.2f}x) "
                       f"| {' / '.join(f'{got[v][1]:.2f}' for v in VARIANTS)} "
@@ -331,7 +395,7 @@ def main() -> None:
         workers = None
         print("\n| operation | variant | WAL bytes/op | xids/op | commits/op |")
         print("|---|---|--:|--:|--:|")
-        per_op = costs(dsn)
+        per_op = costs(dsn, before_dsn)
         for (op, variant), v in per_op.items():
             print(f"| {op} | {variant} | {v['wal_bytes']:,.0f} | {v['xids']:.2f} "
                   f"| {v['commits']:.2f} |")
@@ -339,6 +403,9 @@ def main() -> None:
         ok = replay["xids"] == 0 and replay["wal_bytes"] < 1
         print(f"\nreplay writes nothing: {'yes' if ok else 'NO'} "
               f"(xids/op {replay['xids']:.2f}, WAL bytes/op {replay['wal_bytes']:.1f})")
+        fn_costs = boundary_costs(owner_dsn, dsn)
+        print("\nserver-side µs per call of an empty plpgsql function (as the worker): "
+              + ", ".join(f"{k} {v:.2f}" for k, v in fn_costs.items()))
         print(f"total {time.monotonic() - began:.0f} s")
     finally:
         if workers is not None:
