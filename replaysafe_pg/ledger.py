@@ -170,7 +170,7 @@ class Ledger(_LedgerBase):
         self.close()
 
     def _one(self, name: str, params: dict[str, Any]) -> Any:
-        return self._source.execute(queries.get(name), params)[0][0]
+        return self._source.execute(queries.get(name, params), params)[0][0]
 
     def claim(self, action_key: str, operation: str, request: dict[str, Any], *,
               lease: Lease = DEFAULT_LEASE, thread_id: str | None = None,
@@ -178,7 +178,7 @@ class Ledger(_LedgerBase):
         """``claim_action``: create or find the action; see :class:`Claim`."""
         params = self._claim_params(action_key, operation, request, lease, thread_id,
                                     on_expired, now)
-        return Claim.from_row(self._source.execute(queries.get("claim_action"), params)[0])
+        return Claim.from_row(self._source.execute(queries.get("claim_action", params), params)[0])
 
     def claim_many(self, calls: list[tuple[str, str, dict[str, Any]]], *,
                    lease: Lease = DEFAULT_LEASE, thread_id: str | None = None,
@@ -186,7 +186,7 @@ class Ledger(_LedgerBase):
         """``claim_actions``: claim ``(action_key, operation, request)`` calls in one round trip;
         answers in input order."""
         params = self._claim_many_params(calls, lease, thread_id, on_expired, now)
-        return [Claim.from_row(r) for r in self._source.execute(queries.get("claim_actions"), params)]
+        return [Claim.from_row(r) for r in self._source.execute(queries.get("claim_actions", params), params)]
 
     def heartbeat(self, action_key: str, attempt: int, *, lease: Lease = DEFAULT_LEASE,
                   now: datetime | None = None) -> datetime:
@@ -274,20 +274,20 @@ class AsyncLedger(_LedgerBase):
         await self.close()
 
     async def _one(self, name: str, params: dict[str, Any]) -> Any:
-        return (await self._source.execute(queries.get(name), params))[0][0]
+        return (await self._source.execute(queries.get(name, params), params))[0][0]
 
     async def claim(self, action_key: str, operation: str, request: dict[str, Any], *,
                     lease: Lease = DEFAULT_LEASE, thread_id: str | None = None,
                     on_expired: str = "unknown", now: datetime | None = None) -> Claim:
         params = self._claim_params(action_key, operation, request, lease, thread_id,
                                     on_expired, now)
-        return Claim.from_row((await self._source.execute(queries.get("claim_action"), params))[0])
+        return Claim.from_row((await self._source.execute(queries.get("claim_action", params), params))[0])
 
     async def claim_many(self, calls: list[tuple[str, str, dict[str, Any]]], *,
                          lease: Lease = DEFAULT_LEASE, thread_id: str | None = None,
                          on_expired: str = "unknown", now: datetime | None = None) -> list[Claim]:
         params = self._claim_many_params(calls, lease, thread_id, on_expired, now)
-        rows = await self._source.execute(queries.get("claim_actions"), params)
+        rows = await self._source.execute(queries.get("claim_actions", params), params)
         return [Claim.from_row(r) for r in rows]
 
     async def heartbeat(self, action_key: str, attempt: int, *, lease: Lease = DEFAULT_LEASE,

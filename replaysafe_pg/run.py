@@ -246,7 +246,8 @@ class _TimedOut(Exception):
 
 def run(ledger: Ledger, plan: Plan) -> Execution:
     with _tracing.span(plan.operation) as span:
-        claim = Claim.from_row(ledger._source.execute(queries.get("claim_action"), plan.claim_params)[0])
+        query = queries.get("claim_action", plan.claim_params)
+        claim = Claim.from_row(ledger._source.execute(query, plan.claim_params)[0])
         execution = resolve(ledger, plan, claim)
         span.set(idempotency_key=execution.idempotency_key, status=str(execution.status),
                  replay=execution.replay, attempt=execution.attempt)
@@ -256,7 +257,8 @@ def run(ledger: Ledger, plan: Plan) -> Execution:
 def run_many(ledger: Ledger, plans: list[Plan], max_workers: int) -> list[Execution]:
     if not plans:
         return []
-    rows = ledger._source.execute(queries.get("claim_actions"), claim_many_params(ledger, plans))
+    params = claim_many_params(ledger, plans)
+    rows = ledger._source.execute(queries.get("claim_actions", params), params)
     claims = [Claim.from_row(r) for r in rows]
     out: list[Execution | None] = [None] * len(plans)
     work = []
@@ -310,9 +312,9 @@ def wait(ledger: Ledger, plan: Plan, claim: Claim) -> Claim:
         execute_on(conn, queries.get("listen_actions"))
         try:
             clock = WaitClock()
+            query = queries.get("claim_action", plan.claim_params)
             while True:
-                claim = Claim.from_row(execute_on(conn, queries.get("claim_action"),
-                                                  plan.claim_params)[0])
+                claim = Claim.from_row(execute_on(conn, query, plan.claim_params)[0])
                 remaining = deadline - time.monotonic()
                 if claim.outcome is not ClaimOutcome.RUNNING or remaining <= 0:
                     return claim
@@ -421,7 +423,7 @@ def record(ledger: Ledger, ticket: Ticket, report: Report, pending: Execution) -
     """
     ticket.recording = True
     source = ledger._source
-    query = queries.get(report.name)
+    query = queries.get(report.name, report.params)
     last: BaseException | None = None
     for delay in (0.0, *RECORD_RETRY_DELAYS):
         if delay:

@@ -68,7 +68,18 @@ def sent_types(query: str) -> tuple[str, dict[str, str]]:
     return m.group(1), sent
 
 
-FUNCTION_QUERIES = {name: q for name, q in queries.all_queries().items() if CALL.search(q)}
+def _sent_forms() -> dict[str, str]:
+    """Every form the driver sends: a time-sensitive query with and without its p_now."""
+    forms: dict[str, str] = {}
+    for name, query in queries.all_queries().items():
+        forms[name] = query
+        if queries.takes_now(name):
+            forms[f"{name}{DEFAULTED}"] = queries.get(name, {"now": None})
+    return forms
+
+
+DEFAULTED = " (p_now left to its default)"
+FUNCTION_QUERIES = {name: q for name, q in _sent_forms().items() if CALL.search(q)}
 
 
 def test_every_query_is_loaded_and_calls_are_bare_selects() -> None:
@@ -78,7 +89,7 @@ def test_every_query_is_loaded_and_calls_are_bare_selects() -> None:
             "get_action", "list_attempts"} <= names
     for name, q in FUNCTION_QUERIES.items():
         assert "\n" not in q and q.startswith("SELECT "), name
-        assert CALL.search(q).group(1) == name, name  # type: ignore[union-attr]
+        assert CALL.search(q).group(1) == name.removesuffix(DEFAULTED), name  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("name", sorted(FUNCTION_QUERIES))
@@ -110,11 +121,12 @@ def test_called_function_resolves_with_the_sent_types(conn: psycopg.Connection[A
     assert conn.execute("SELECT to_regprocedure(%s)", (regproc,)).fetchone() != (None,), regproc
 
 
-@pytest.mark.parametrize("name", sorted(queries.all_queries()))
+@pytest.mark.parametrize("name", sorted(_sent_forms()))
 def test_every_query_plans_with_driver_parameters(conn: psycopg.Connection[Any], name: str) -> None:
     """EXPLAIN with NULL parameters, sent the way the driver sends them: resolution and
     planning happen, the (volatile) functions do not run."""
-    query = queries.get(name)
+    query = _sent_forms()[name]
+    name = name.removesuffix(DEFAULTED)
     if not query.startswith("SELECT"):
         # Utility statements (LISTEN/UNLISTEN) cannot be EXPLAINed: run them for real.
         assert query.split()[0] in ("LISTEN", "UNLISTEN"), query
