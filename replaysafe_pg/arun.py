@@ -57,7 +57,7 @@ log = logging.getLogger("replaysafe_pg.run")
 async def run(ledger: AsyncLedger, plan: Plan) -> Execution:
     with _tracing.span(plan.operation) as span:
         query = queries.get("claim_action", plan.claim_params)
-        rows = await ledger._source.execute(query, plan.claim_params)
+        rows = await ledger._source.execute(query, plan.claim_params, alone=True)
         execution = await resolve(ledger, plan, Claim.from_row(rows[0]))
         span.set(idempotency_key=execution.idempotency_key, status=str(execution.status),
                  replay=execution.replay, attempt=execution.attempt)
@@ -76,7 +76,8 @@ async def run_many(ledger: AsyncLedger, plans: list[Plan]) -> list[Execution]:
     if not plans:
         return []
     params = claim_many_params(ledger, plans)
-    rows = await ledger._source.execute(queries.get("claim_actions", params), params)
+    rows = await ledger._source.execute(queries.get("claim_actions", params), params,
+                                        alone=True)
     claims = [Claim.from_row(r) for r in rows]
     out: list[Execution | BaseException | None] = [None] * len(plans)
     work = []
@@ -114,7 +115,7 @@ async def wait(ledger: AsyncLedger, plan: Plan, claim: Claim) -> Claim:
             clock = WaitClock()
             query = queries.get("claim_action", plan.claim_params)
             while True:
-                rows = await aexecute_on(conn, query, plan.claim_params)
+                rows = await aexecute_on(conn, query, plan.claim_params, alone=True)
                 claim = Claim.from_row(rows[0])
                 remaining = deadline - time.monotonic()
                 if claim.outcome is not ClaimOutcome.RUNNING or remaining <= 0:

@@ -247,7 +247,7 @@ class _TimedOut(Exception):
 def run(ledger: Ledger, plan: Plan) -> Execution:
     with _tracing.span(plan.operation) as span:
         query = queries.get("claim_action", plan.claim_params)
-        claim = Claim.from_row(ledger._source.execute(query, plan.claim_params)[0])
+        claim = Claim.from_row(ledger._source.execute(query, plan.claim_params, alone=True)[0])
         execution = resolve(ledger, plan, claim)
         span.set(idempotency_key=execution.idempotency_key, status=str(execution.status),
                  replay=execution.replay, attempt=execution.attempt)
@@ -258,7 +258,7 @@ def run_many(ledger: Ledger, plans: list[Plan], max_workers: int) -> list[Execut
     if not plans:
         return []
     params = claim_many_params(ledger, plans)
-    rows = ledger._source.execute(queries.get("claim_actions", params), params)
+    rows = ledger._source.execute(queries.get("claim_actions", params), params, alone=True)
     claims = [Claim.from_row(r) for r in rows]
     out: list[Execution | None] = [None] * len(plans)
     work = []
@@ -314,7 +314,7 @@ def wait(ledger: Ledger, plan: Plan, claim: Claim) -> Claim:
             clock = WaitClock()
             query = queries.get("claim_action", plan.claim_params)
             while True:
-                claim = Claim.from_row(execute_on(conn, query, plan.claim_params)[0])
+                claim = Claim.from_row(execute_on(conn, query, plan.claim_params, alone=True)[0])
                 remaining = deadline - time.monotonic()
                 if claim.outcome is not ClaimOutcome.RUNNING or remaining <= 0:
                     return claim
