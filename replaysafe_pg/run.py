@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from replaysafe_pg import _tracing, queries
+from replaysafe_pg import _args, _tracing, queries
 from replaysafe_pg._conn import execute_on
 from replaysafe_pg._heartbeat import RETRY_ERRORS, Ticket, lease_lost_warning
 from replaysafe_pg.errors import InvalidArgument, OutcomeNotRecorded, UnstorableResult, wrap_errors
@@ -85,13 +85,10 @@ def make_plan(ledger: _LedgerBase, operation: str, fn: Callable[..., Any], args:
     claim_params = ledger._claim_params(key, operation, args, lease, thread_id, on_expired, None)
     if not all(isinstance(name, str) for name in args):
         raise InvalidArgument("args must have string keys (they are passed as keyword arguments)")
-    lease_seconds = claim_params["lease"].total_seconds()
-    if lease_seconds <= 0:
-        raise InvalidArgument("lease must be positive")
-    if isinstance(wait_timeout, bool) or not isinstance(wait_timeout, int | float) or wait_timeout < 0:
+    lease_seconds = claim_params["lease"].total_seconds()  # positive: checked by the builder
+    if _args.seconds(wait_timeout, "wait_timeout") < 0:
         raise InvalidArgument("wait_timeout must be a number of seconds >= 0")
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)
-                                or timeout <= 0):
+    if timeout is not None and _args.seconds(timeout, "timeout") <= 0:
         raise InvalidArgument("timeout must be None or a positive number of seconds")
     if not (retryable is None or callable(retryable) or isinstance(retryable, tuple)):
         raise InvalidArgument("retryable must be an exception type, a tuple of them, or a predicate")
