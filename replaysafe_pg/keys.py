@@ -1,4 +1,9 @@
-"""Stable, unambiguous action keys and the derived idempotency key."""
+"""Stable, unambiguous action keys.
+
+The derived ``idempotency_key`` has no Python helper (SPEC §4): the database derives it with
+the installation's secret, and a caller gets it only in the answer to its own claim
+(``Claim.idempotency_key``, ``Execution.idempotency_key``).
+"""
 
 from __future__ import annotations
 
@@ -30,8 +35,3 @@ def tool_call_key(thread_id: str, message_id: str, tool_call_id: str) -> str:
         key = "tc#" + hashlib.sha256(encoded).hexdigest()
     return key
 
-
-def idempotency_key(tenant_id: str, action_key: str) -> str:
-    """The key ``replaysafe.idempotency_key()`` derives in SQL (a test keeps them equal)."""
-    material = f"{len(tenant_id)}:{tenant_id}{action_key}".encode()
-    return "rs1_" + hashlib.sha256(material).hexdigest()

@@ -1,6 +1,7 @@
 """Python and SQL agree: every query the driver sends resolves with the argument types it
 sends, enums and record shapes match, every RS SQLSTATE maps to its exception class, and
-the derived idempotency key is computed the same on both sides."""
+the derived idempotency key comes from the database only (a claim's answer), never from a
+Python helper."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from replaysafe_pg import errors, queries
-from replaysafe_pg.keys import idempotency_key
 from replaysafe_pg.models import Action, ActionState, Attempt, Claim, ClaimOutcome, ReportOutcome
 from replaysafe_pg.schema import schema_sql
 
@@ -196,19 +196,45 @@ def test_every_rs_sqlstate_raised_in_sql_is_mapped() -> None:
     assert all(issubclass(c, errors.ReplaysafeError) for c in classes)
 
 
-ids = st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\x00"), max_size=40)
+ids = st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\x00"),
+              min_size=1, max_size=40)
+
+
+def claimed_key(conn: psycopg.Connection[Any], tenant: str, key: str) -> str:
+    with conn.transaction(force_rollback=True):
+        row = conn.execute("SELECT idempotency_key FROM replaysafe.claim_action(%s, %s, 'op', "
+                           "'{}', 'w')", (tenant, key)).fetchone()
+    assert row is not None
+    derived: str = row[0]
+    return derived
+
+
+def owner_key(conn: psycopg.Connection[Any], tenant: str, key: str) -> str:
+    row = conn.execute("SELECT replaysafe.idempotency_key(%s, %s)", (tenant, key)).fetchone()
+    assert row is not None
+    derived: str = row[0]
+    return derived
+
+
+def test_no_python_helper_computes_the_idempotency_key() -> None:
+    """SPEC §4: the key reaches a caller only in the answer to its own claim."""
+    import replaysafe_pg
+    from replaysafe_pg import keys
+
+    assert not hasattr(keys, "idempotency_key")
+    assert not any("idempotency" in name for name in replaysafe_pg.__all__)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(tenant=ids, key=ids)
-def test_python_idempotency_key_equals_sql(conn: psycopg.Connection[Any], tenant: str,
-                                           key: str) -> None:
-    row = conn.execute("SELECT replaysafe.idempotency_key(%s, %s)", (tenant, key)).fetchone()
-    assert row == (idempotency_key(tenant, key),)
+def test_a_claim_answers_the_key_the_database_derives(conn: psycopg.Connection[Any], tenant: str,
+                                                      key: str) -> None:
+    assert claimed_key(conn, tenant, key) == owner_key(conn, tenant, key)
 
 
-@pytest.mark.parametrize(("tenant", "key"), [("t1", "k"), ("ß", "ключ"), ("🦀", "\U0001d518"),
-                                             ("a:b", "c"), ("", "")])
+@pytest.mark.parametrize(("tenant", "key"), [("t1", "k"), ("\u00df", "\u043a\u043b\u044e\u0447"),
+                                             ("\U0001f980", "\U0001d518"), ("a:b", "c")])
 def test_idempotency_key_examples(conn: psycopg.Connection[Any], tenant: str, key: str) -> None:
-    row = conn.execute("SELECT replaysafe.idempotency_key(%s, %s)", (tenant, key)).fetchone()
-    assert row == (idempotency_key(tenant, key),)
+    derived = claimed_key(conn, tenant, key)
+    assert derived == owner_key(conn, tenant, key)
+    assert derived != owner_key(conn, tenant + "x", key) != owner_key(conn, tenant, key + "x")
