@@ -29,11 +29,6 @@ def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def as_interval(value: Lease, what: str = "lease") -> timedelta:
-    """A lease: positive, finite, at most 7 days (``InvalidArgument`` otherwise)."""
-    return _args.lease(value, what)
-
-
 class _LedgerBase:
     """Parameters in, values out: shared by the sync and async flavours. Every builder
     checks types and ranges first, so a bad argument is refused before anything is sent."""
