@@ -1,16 +1,45 @@
-"""How the command line shows values: aligned tables for people, JSON for machines."""
+"""How the command line shows values: aligned tables for people, JSON for machines.
+
+Values come from the database, where an agent may have written anything: every character
+that a terminal acts on (C0 and C1 controls, DEL) or that reorders what is shown (bidi
+controls, line and paragraph separators) is printed as a visible escape (``\\x1b``,
+``\\u202e``) by :func:`escape`, so a key cannot recolour, clear or rewrite the operator's
+screen. ``--json`` keeps values exact, with the same characters as JSON ``\\u`` escapes.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import enum
 import json
+import re
 from collections.abc import Mapping, Sequence
 from datetime import date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
 _CELL_WIDTH = 48
+
+_BIDI_AND_SEPARATORS = "\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069"
+_UNSAFE = re.compile(f"[\x00-\x1f\x7f-\x9f{_BIDI_AND_SEPARATORS}]")
+_UNSAFE_BUT_NEWLINE = re.compile(f"[\x00-\x09\x0b-\x1f\x7f-\x9f{_BIDI_AND_SEPARATORS}]")
+# What json.dumps(ensure_ascii=False) leaves raw; such characters only occur inside strings.
+_UNSAFE_IN_JSON = re.compile(f"[\x7f-\x9f{_BIDI_AND_SEPARATORS}]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _visible(match: re.Match[str]) -> str:
+    char = match.group()
+    if char in _NAMED:
+        return _NAMED[char]
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def escape(text: str, *, keep_newlines: bool = False) -> str:
+    """``text`` safe for a terminal: control characters as ``\\x1b``-style escapes, ordinary
+    Unicode unchanged. ``keep_newlines`` for whole outputs whose line breaks are ours."""
+    return (_UNSAFE_BUT_NEWLINE if keep_newlines else _UNSAFE).sub(_visible, text)
 
 
 def jsonable(value: Any) -> Any:
@@ -33,7 +62,8 @@ def jsonable(value: Any) -> Any:
 
 
 def dumps(value: Any) -> str:
-    return json.dumps(jsonable(value), indent=2, ensure_ascii=False)
+    text = json.dumps(jsonable(value), indent=2, ensure_ascii=False)
+    return _UNSAFE_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def duration(value: timedelta) -> str:
@@ -66,7 +96,7 @@ def cell(value: Any, width: int = _CELL_WIDTH) -> str:
         text = json.dumps(jsonable(value), separators=(",", ":"), ensure_ascii=False)
     else:
         text = str(value)
-    text = text.replace("\n", " ")
+    text = escape(text)
     return text if len(text) <= width else text[: width - 1] + "…"
 
 

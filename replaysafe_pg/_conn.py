@@ -2,7 +2,9 @@
 
 Every call is one round trip on an autocommit connection. A caller's own non-autocommit
 connection is respected: inside the caller's transaction the call joins it; on an idle
-connection it runs in a transaction of its own, committed at once.
+connection it runs in a transaction of its own, committed at once. The claims of
+``Ledger.run`` are the exception (``alone=True``): they must be committed before the tool
+runs, so a connection inside a transaction is refused before anything is sent.
 
 Long tasks (LISTEN while waiting for another attempt, heartbeats) never run on a connection
 that ordinary calls use: psycopg holds a connection's lock for the whole wait, which would
@@ -24,7 +26,7 @@ from psycopg.pq import ExecStatus, TransactionStatus
 from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from replaysafe_pg.errors import wrap_errors
+from replaysafe_pg.errors import InvalidArgument, wrap_errors
 
 Conninfo: TypeAlias = "str | psycopg.Connection[Any] | ConnectionPool[Any]"
 AsyncConninfo: TypeAlias = "str | psycopg.AsyncConnection[Any] | AsyncConnectionPool[Any]"
@@ -43,11 +45,27 @@ def _full_conninfo(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any])
     return make_conninfo(**options)
 
 
+_OPEN = (TransactionStatus.INTRANS, TransactionStatus.INERROR)
+
+
+def refuse_open_transaction(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
+    """SPEC §6: ``run`` never joins the caller's transaction. Joined, its claim would vanish
+    with the caller's rollback, and the next run would call the tool a second time."""
+    if conn.info.transaction_status in _OPEN:
+        raise InvalidArgument(
+            "Ledger.run was given a connection inside an open transaction: its claim must be "
+            "committed before the tool runs, and a rollback would erase it and let the tool run "
+            "again. Commit or roll back first, or give the Ledger a DSN or a pool")
+
+
 def execute_on(conn: psycopg.Connection[Any], query: LiteralString,
-               params: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
+               params: dict[str, Any] | None = None, *, alone: bool = False) -> list[tuple[Any, ...]]:
     """One statement on ``conn``: joins an open transaction, else commits at once.
+    With ``alone``, a connection inside a transaction is refused instead of joined.
     Rows are tuples whatever the connection's row factory. Statements without a result
     (LISTEN) answer ``[]``."""
+    if alone:
+        refuse_open_transaction(conn)
     with wrap_errors():
         cur = conn.cursor(row_factory=tuple_row)
         if conn.autocommit or conn.info.transaction_status != TransactionStatus.IDLE:
@@ -66,8 +84,11 @@ def _has_rows(cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> bool:
 
 
 async def aexecute_on(conn: psycopg.AsyncConnection[Any], query: LiteralString,
-                      params: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
+                      params: dict[str, Any] | None = None, *,
+                      alone: bool = False) -> list[tuple[Any, ...]]:
     """See :func:`execute_on`."""
+    if alone:
+        refuse_open_transaction(conn)
     with wrap_errors():
         cur = conn.cursor(row_factory=tuple_row)
         if conn.autocommit or conn.info.transaction_status != TransactionStatus.IDLE:
@@ -152,12 +173,14 @@ class SyncSource:
         assert conn is not None
         yield conn
 
-    def execute(self, query: LiteralString, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    def execute(self, query: LiteralString, params: dict[str, Any], *,
+                alone: bool = False) -> list[tuple[Any, ...]]:
+        """One statement; ``alone``: it must commit on its own (see :func:`execute_on`)."""
         if self._given is not None:
             with self._given_lock:
-                return execute_on(self._given, query, params)
+                return execute_on(self._given, query, params, alone=alone)
         with wrap_errors(), self.connection() as conn:
-            return execute_on(conn, query, params)
+            return execute_on(conn, query, params, alone=alone)
 
     def close(self) -> None:
         with self._lock:
@@ -233,15 +256,17 @@ class AsyncSource:
         assert conn is not None
         yield conn
 
-    async def execute(self, query: LiteralString, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    async def execute(self, query: LiteralString, params: dict[str, Any], *,
+                      alone: bool = False) -> list[tuple[Any, ...]]:
+        """See :meth:`SyncSource.execute`."""
         if self._given is not None:
             if self._given_lock is None:
                 self._given_lock = asyncio.Lock()
             async with self._given_lock:
-                return await aexecute_on(self._given, query, params)
+                return await aexecute_on(self._given, query, params, alone=alone)
         with wrap_errors():
             async with self.connection() as conn:
-                return await aexecute_on(conn, query, params)
+                return await aexecute_on(conn, query, params, alone=alone)
 
     async def close(self) -> None:
         if self._own is not None:

@@ -120,7 +120,7 @@ class Heartbeater:
                                        (time.monotonic() + delay, next(self._seq), ticket))
 
     def _execute(self, params: dict[str, Any]) -> None:
-        query = queries.get("heartbeat_action")
+        query = queries.get("heartbeat_action", params)
         if self._source.pooled:
             self._source.execute(query, params)  # a pool lends one per beat
             return

@@ -56,7 +56,8 @@ log = logging.getLogger("replaysafe_pg.run")
 
 async def run(ledger: AsyncLedger, plan: Plan) -> Execution:
     with _tracing.span(plan.operation) as span:
-        rows = await ledger._source.execute(queries.get("claim_action"), plan.claim_params)
+        query = queries.get("claim_action", plan.claim_params)
+        rows = await ledger._source.execute(query, plan.claim_params, alone=True)
         execution = await resolve(ledger, plan, Claim.from_row(rows[0]))
         span.set(idempotency_key=execution.idempotency_key, status=str(execution.status),
                  replay=execution.replay, attempt=execution.attempt)
@@ -74,8 +75,9 @@ async def resolve_traced(ledger: AsyncLedger, plan: Plan, claim: Claim) -> Execu
 async def run_many(ledger: AsyncLedger, plans: list[Plan]) -> list[Execution]:
     if not plans:
         return []
-    rows = await ledger._source.execute(queries.get("claim_actions"),
-                                        claim_many_params(ledger, plans))
+    params = claim_many_params(ledger, plans)
+    rows = await ledger._source.execute(queries.get("claim_actions", params), params,
+                                        alone=True)
     claims = [Claim.from_row(r) for r in rows]
     out: list[Execution | BaseException | None] = [None] * len(plans)
     work = []
@@ -111,8 +113,9 @@ async def wait(ledger: AsyncLedger, plan: Plan, claim: Claim) -> Claim:
         await aexecute_on(conn, queries.get("listen_actions"))
         try:
             clock = WaitClock()
+            query = queries.get("claim_action", plan.claim_params)
             while True:
-                rows = await aexecute_on(conn, queries.get("claim_action"), plan.claim_params)
+                rows = await aexecute_on(conn, query, plan.claim_params, alone=True)
                 claim = Claim.from_row(rows[0])
                 remaining = deadline - time.monotonic()
                 if claim.outcome is not ClaimOutcome.RUNNING or remaining <= 0:
@@ -140,9 +143,10 @@ async def _heartbeat(ledger: AsyncLedger, plan: Plan, ticket: Ticket) -> None:
     await asyncio.sleep(ticket.interval)
     while True:
         try:
+            query = queries.get("heartbeat_action", ticket.params)
             async with ledger._source.dedicated() as conn:
                 while True:
-                    await aexecute_on(conn, queries.get("heartbeat_action"), ticket.params)
+                    await aexecute_on(conn, query, ticket.params)
                     await asyncio.sleep(ticket.interval)
         except LeaseLost:
             ticket.lease_lost = True
@@ -246,7 +250,7 @@ async def record(ledger: AsyncLedger, ticket: Ticket, report: Report,
 
 async def _record(ledger: AsyncLedger, report: Report, pending: Execution) -> ReportOutcome:
     source = ledger._source
-    query = queries.get(report.name)
+    query = queries.get(report.name, report.params)
     last: BaseException | None = None
     for delay in (0.0, *RECORD_RETRY_DELAYS):
         if delay:

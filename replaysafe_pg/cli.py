@@ -47,7 +47,8 @@ class CliError(click.ClickException):
     exit_code = EXIT_ERROR
 
     def show(self, file: Any = None) -> None:
-        click.echo(f"replaysafe-pg: error: {self.format_message()}", err=True)
+        # Messages quote keys and database errors: escaped like every value (_cli_render).
+        click.echo(f"replaysafe-pg: error: {render.escape(self.format_message())}", err=True)
 
 
 class NotFound(Exception):
@@ -199,10 +200,14 @@ class JsonValue(click.ParamType):  # type: ignore[type-arg]
 
 
 def _emit(ctx: click.Context, human: str | Callable[[], str], data: Any) -> None:
+    """Print ``data`` as JSON, or the human text. Values in human text are escaped where
+    they are formatted (render.cell, render.escape); escaping the whole text again here
+    keeps any value a command forgot from reaching the terminal raw (only our own line
+    breaks stay)."""
     if _state(ctx).json:
         click.echo(render.dumps(data))
     else:
-        click.echo(human() if callable(human) else human)
+        click.echo(render.escape(human() if callable(human) else human, keep_newlines=True))
 
 
 def _rows(conn: psycopg.Connection[Any], name: str,
@@ -466,7 +471,8 @@ def resolve(ctx: click.Context, conn: psycopg.Connection[Any], key: str, tenant_
         raise NotFound(f"no action {key} for tenant {tenant_id}")
     new = ledger.resolve(key, state, result=result, error=error,
                          provider_reference=provider_reference, note=note)
-    _emit(ctx, f"resolved {key} (tenant {tenant_id}): unknown -> {new.value}",
+    _emit(ctx, f"resolved {render.escape(key)} (tenant {render.escape(tenant_id)}): "
+               f"unknown -> {new.value}",
           {"tenant_id": tenant_id, "action_key": key, "state": new})
 
 
@@ -549,7 +555,7 @@ def threads_show(ctx: click.Context, conn: psycopg.Connection[Any], thread_id: s
                               ("version", row["version"]), ("updated at", row["updated_at"])])
         if row["state"] is None:
             return head + f"\n\ndeleted (tombstone at version {row['version']})"
-        return head + "\n\n" + json.dumps(row["state"], indent=2, ensure_ascii=False)
+        return head + "\n\n" + render.dumps(row["state"])
 
     _emit(ctx, human, data)
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from replaysafe_pg import _json, arun, queries, run
+from replaysafe_pg import _args, _json, arun, queries, run
 from replaysafe_pg._conn import AsyncConninfo, AsyncSource, Conninfo, SyncSource
 from replaysafe_pg._heartbeat import Heartbeater
 from replaysafe_pg.errors import InvalidArgument
@@ -29,91 +29,91 @@ def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def as_interval(value: Lease, what: str = "lease") -> timedelta:
-    if isinstance(value, timedelta):
-        return value
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidArgument(f"{what} must be a timedelta or a number of seconds")
-    return timedelta(seconds=value)
-
-
 class _LedgerBase:
-    """Parameters in, values out: shared by the sync and async flavours."""
+    """Parameters in, values out: shared by the sync and async flavours. Every builder
+    checks types and ranges first, so a bad argument is refused before anything is sent."""
 
     def __init__(self, *, tenant_id: str, worker_id: str | None) -> None:
-        self.tenant_id = tenant_id
-        self.worker_id = worker_id or default_worker_id()
+        self.tenant_id = _args.text_id(tenant_id, "tenant_id")
+        self.worker_id = _args.text_id(
+            default_worker_id() if worker_id is None else worker_id, "worker_id")
         # run(): results whose JSON is larger are not stored (the action becomes unknown).
         self.max_result_bytes = MAX_RESULT_BYTES
 
     def _key(self, action_key: str) -> dict[str, Any]:
-        return {"tenant_id": self.tenant_id, "action_key": action_key}
+        return {"tenant_id": self.tenant_id, "action_key": _args.text_id(action_key, "action_key")}
+
+    def _attempt(self, action_key: str, attempt: int, now: datetime | None) -> dict[str, Any]:
+        return self._key(action_key) | {"attempt": _args.integer(attempt, "attempt"),
+                                        "now": _args.moment(now)}
 
     def _claim_params(self, action_key: str, operation: str, request: dict[str, Any],
                       lease: Lease, thread_id: str | None, on_expired: str,
                       now: datetime | None) -> dict[str, Any]:
         return self._key(action_key) | {
-            "operation": operation,
+            "operation": _args.text_id(operation, "operation"),
             "request": _json.dumps_object(request, "request"),
             "worker_id": self.worker_id,
-            "lease": as_interval(lease),
-            "thread_id": thread_id,
-            "on_expired": on_expired,
-            "now": now,
+            "lease": _args.lease(lease),
+            "thread_id": _args.optional_id(thread_id, "thread_id"),
+            "on_expired": _args.text(on_expired, "on_expired"),
+            "now": _args.moment(now),
         }
 
     def _claim_many_params(self, calls: list[tuple[str, str, dict[str, Any]]], lease: Lease,
                            thread_id: str | None, on_expired: str,
                            now: datetime | None) -> dict[str, Any]:
+        if not all(isinstance(c, tuple | list) and len(c) == 3 for c in calls):
+            raise InvalidArgument("claim_many takes (action_key, operation, request) tuples")
         return {
             "tenant_id": self.tenant_id,
-            "action_keys": [key for key, _, _ in calls],
-            "operations": [op for _, op, _ in calls],
+            "action_keys": [_args.text_id(key, "action_key") for key, _, _ in calls],
+            "operations": [_args.text_id(op, "operation") for _, op, _ in calls],
             "requests": [_json.dumps_object(req, "request") for _, _, req in calls],
             "worker_id": self.worker_id,
-            "lease": as_interval(lease),
-            "thread_id": thread_id,
-            "on_expired": on_expired,
-            "now": now,
+            "lease": _args.lease(lease),
+            "thread_id": _args.optional_id(thread_id, "thread_id"),
+            "on_expired": _args.text(on_expired, "on_expired"),
+            "now": _args.moment(now),
         }
 
     def _complete_params(self, action_key: str, attempt: int, result: Any,
                          provider_reference: str | None, now: datetime | None) -> dict[str, Any]:
-        return self._key(action_key) | {
-            "attempt": attempt, "result": _json.dumps(result, "result"),
-            "provider_reference": provider_reference, "now": now}
+        return self._attempt(action_key, attempt, now) | {
+            "result": _json.dumps(result, "result"),
+            "provider_reference": _args.optional_text(provider_reference, "provider_reference")}
 
     def _fail_params(self, action_key: str, attempt: int, error: Any, retryable: bool,
                      now: datetime | None) -> dict[str, Any]:
-        return self._key(action_key) | {
-            "attempt": attempt, "error": _json.dumps(error, "error"), "retryable": retryable,
-            "now": now}
+        return self._attempt(action_key, attempt, now) | {
+            "error": _json.dumps(error, "error"), "retryable": _args.flag(retryable, "retryable")}
 
     def _unknown_params(self, action_key: str, attempt: int, error: Any,
                         now: datetime | None) -> dict[str, Any]:
-        return self._key(action_key) | {
-            "attempt": attempt, "error": _json.dumps(error, "error"), "now": now}
+        return self._attempt(action_key, attempt, now) | {"error": _json.dumps(error, "error")}
 
     def _heartbeat_params(self, action_key: str, attempt: int, lease: Lease,
                           now: datetime | None) -> dict[str, Any]:
-        return self._key(action_key) | {"attempt": attempt, "lease": as_interval(lease), "now": now}
+        return self._attempt(action_key, attempt, now) | {"lease": _args.lease(lease)}
 
     def _resolve_params(self, action_key: str, state: ActionState | str, result: Any, error: Any,
                         provider_reference: str | None, note: str | None,
                         now: datetime | None) -> dict[str, Any]:
         return self._key(action_key) | {
-            "state": str(state),
+            "state": _args.text(str(state) if isinstance(state, ActionState) else state, "state"),
             "result": None if result is None else _json.dumps(result, "result"),
             "error": None if error is None else _json.dumps(error, "error"),
-            "provider_reference": provider_reference, "note": note, "now": now}
+            "provider_reference": _args.optional_text(provider_reference, "provider_reference"),
+            "note": _args.optional_text(note, "note"), "now": _args.moment(now)}
 
     @staticmethod
     def _sweep_params(limit: int, now: datetime | None) -> dict[str, Any]:
-        return {"limit": limit, "now": now}
+        return {"limit": _args.integer(limit, "limit"), "now": _args.moment(now)}
 
     @staticmethod
     def _purge_params(older_than: Lease, limit: int, now: datetime | None) -> dict[str, Any]:
-        return {"older_than": as_interval(older_than, "older_than"), "limit": limit, "now": now}
+        return {"older_than": _args.age(older_than, "older_than"),
+                "limit": _args.integer(limit, "limit"), "now": _args.moment(now)}
 
 
 class Ledger(_LedgerBase):
@@ -170,7 +170,7 @@ class Ledger(_LedgerBase):
         self.close()
 
     def _one(self, name: str, params: dict[str, Any]) -> Any:
-        return self._source.execute(queries.get(name), params)[0][0]
+        return self._source.execute(queries.get(name, params), params)[0][0]
 
     def claim(self, action_key: str, operation: str, request: dict[str, Any], *,
               lease: Lease = DEFAULT_LEASE, thread_id: str | None = None,
@@ -178,7 +178,7 @@ class Ledger(_LedgerBase):
         """``claim_action``: create or find the action; see :class:`Claim`."""
         params = self._claim_params(action_key, operation, request, lease, thread_id,
                                     on_expired, now)
-        return Claim.from_row(self._source.execute(queries.get("claim_action"), params)[0])
+        return Claim.from_row(self._source.execute(queries.get("claim_action", params), params)[0])
 
     def claim_many(self, calls: list[tuple[str, str, dict[str, Any]]], *,
                    lease: Lease = DEFAULT_LEASE, thread_id: str | None = None,
@@ -186,7 +186,7 @@ class Ledger(_LedgerBase):
         """``claim_actions``: claim ``(action_key, operation, request)`` calls in one round trip;
         answers in input order."""
         params = self._claim_many_params(calls, lease, thread_id, on_expired, now)
-        return [Claim.from_row(r) for r in self._source.execute(queries.get("claim_actions"), params)]
+        return [Claim.from_row(r) for r in self._source.execute(queries.get("claim_actions", params), params)]
 
     def heartbeat(self, action_key: str, attempt: int, *, lease: Lease = DEFAULT_LEASE,
                   now: datetime | None = None) -> datetime:
@@ -274,20 +274,20 @@ class AsyncLedger(_LedgerBase):
         await self.close()
 
     async def _one(self, name: str, params: dict[str, Any]) -> Any:
-        return (await self._source.execute(queries.get(name), params))[0][0]
+        return (await self._source.execute(queries.get(name, params), params))[0][0]
 
     async def claim(self, action_key: str, operation: str, request: dict[str, Any], *,
                     lease: Lease = DEFAULT_LEASE, thread_id: str | None = None,
                     on_expired: str = "unknown", now: datetime | None = None) -> Claim:
         params = self._claim_params(action_key, operation, request, lease, thread_id,
                                     on_expired, now)
-        return Claim.from_row((await self._source.execute(queries.get("claim_action"), params))[0])
+        return Claim.from_row((await self._source.execute(queries.get("claim_action", params), params))[0])
 
     async def claim_many(self, calls: list[tuple[str, str, dict[str, Any]]], *,
                          lease: Lease = DEFAULT_LEASE, thread_id: str | None = None,
                          on_expired: str = "unknown", now: datetime | None = None) -> list[Claim]:
         params = self._claim_many_params(calls, lease, thread_id, on_expired, now)
-        rows = await self._source.execute(queries.get("claim_actions"), params)
+        rows = await self._source.execute(queries.get("claim_actions", params), params)
         return [Claim.from_row(r) for r in rows]
 
     async def heartbeat(self, action_key: str, attempt: int, *, lease: Lease = DEFAULT_LEASE,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from replaysafe_pg import _tracing, queries
+from replaysafe_pg import _args, _tracing, queries
 from replaysafe_pg._conn import execute_on
 from replaysafe_pg._heartbeat import RETRY_ERRORS, Ticket, lease_lost_warning
 from replaysafe_pg.errors import InvalidArgument, OutcomeNotRecorded, UnstorableResult, wrap_errors
@@ -85,13 +85,10 @@ def make_plan(ledger: _LedgerBase, operation: str, fn: Callable[..., Any], args:
     claim_params = ledger._claim_params(key, operation, args, lease, thread_id, on_expired, None)
     if not all(isinstance(name, str) for name in args):
         raise InvalidArgument("args must have string keys (they are passed as keyword arguments)")
-    lease_seconds = claim_params["lease"].total_seconds()
-    if lease_seconds <= 0:
-        raise InvalidArgument("lease must be positive")
-    if isinstance(wait_timeout, bool) or not isinstance(wait_timeout, int | float) or wait_timeout < 0:
+    lease_seconds = claim_params["lease"].total_seconds()  # positive: checked by the builder
+    if _args.seconds(wait_timeout, "wait_timeout") < 0:
         raise InvalidArgument("wait_timeout must be a number of seconds >= 0")
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)
-                                or timeout <= 0):
+    if timeout is not None and _args.seconds(timeout, "timeout") <= 0:
         raise InvalidArgument("timeout must be None or a positive number of seconds")
     if not (retryable is None or callable(retryable) or isinstance(retryable, tuple)):
         raise InvalidArgument("retryable must be an exception type, a tuple of them, or a predicate")
@@ -246,7 +243,8 @@ class _TimedOut(Exception):
 
 def run(ledger: Ledger, plan: Plan) -> Execution:
     with _tracing.span(plan.operation) as span:
-        claim = Claim.from_row(ledger._source.execute(queries.get("claim_action"), plan.claim_params)[0])
+        query = queries.get("claim_action", plan.claim_params)
+        claim = Claim.from_row(ledger._source.execute(query, plan.claim_params, alone=True)[0])
         execution = resolve(ledger, plan, claim)
         span.set(idempotency_key=execution.idempotency_key, status=str(execution.status),
                  replay=execution.replay, attempt=execution.attempt)
@@ -256,7 +254,8 @@ def run(ledger: Ledger, plan: Plan) -> Execution:
 def run_many(ledger: Ledger, plans: list[Plan], max_workers: int) -> list[Execution]:
     if not plans:
         return []
-    rows = ledger._source.execute(queries.get("claim_actions"), claim_many_params(ledger, plans))
+    params = claim_many_params(ledger, plans)
+    rows = ledger._source.execute(queries.get("claim_actions", params), params, alone=True)
     claims = [Claim.from_row(r) for r in rows]
     out: list[Execution | None] = [None] * len(plans)
     work = []
@@ -310,9 +309,9 @@ def wait(ledger: Ledger, plan: Plan, claim: Claim) -> Claim:
         execute_on(conn, queries.get("listen_actions"))
         try:
             clock = WaitClock()
+            query = queries.get("claim_action", plan.claim_params)
             while True:
-                claim = Claim.from_row(execute_on(conn, queries.get("claim_action"),
-                                                  plan.claim_params)[0])
+                claim = Claim.from_row(execute_on(conn, query, plan.claim_params, alone=True)[0])
                 remaining = deadline - time.monotonic()
                 if claim.outcome is not ClaimOutcome.RUNNING or remaining <= 0:
                     return claim
@@ -421,7 +420,7 @@ def record(ledger: Ledger, ticket: Ticket, report: Report, pending: Execution) -
     """
     ticket.recording = True
     source = ledger._source
-    query = queries.get(report.name)
+    query = queries.get(report.name, report.params)
     last: BaseException | None = None
     for delay in (0.0, *RECORD_RETRY_DELAYS):
         if delay:

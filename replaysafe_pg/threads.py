@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from replaysafe_pg import _json, queries
+from replaysafe_pg import _args, _json, queries
 from replaysafe_pg._conn import AsyncConninfo, AsyncSource, Conninfo, SyncSource
 from replaysafe_pg.errors import InvalidArgument
 
@@ -39,11 +39,12 @@ class _ThreadsBase:
     """Parameters in, values out: shared by the sync and async flavours."""
 
     def __init__(self, *, tenant_id: str, user_id: str | None) -> None:
-        self.tenant_id = tenant_id
-        self.user_id = user_id
+        self.tenant_id = _args.text_id(tenant_id, "tenant_id")
+        self.user_id = _args.optional_id(user_id, "user_id")
 
     def _key(self, thread_id: str) -> dict[str, Any]:
-        return {"tenant_id": self.tenant_id, "thread_id": thread_id, "user_id": self.user_id}
+        return {"tenant_id": self.tenant_id, "thread_id": _args.text_id(thread_id, "thread_id"),
+                "user_id": self.user_id}
 
     def _write_params(self, thread_id: str, state: dict[str, Any], expected_version: int,
                       history_limit: int | None) -> dict[str, Any]:
@@ -52,11 +53,12 @@ class _ThreadsBase:
         return self._key(thread_id) | {
             "expected_version": expected_version,
             "state": _json.dumps_object(state, "state"),
-            "history_limit": history_limit,
+            "history_limit": None if history_limit is None
+            else _args.integer(history_limit, "history_limit"),
         }
 
     def _history_params(self, thread_id: str, limit: int) -> dict[str, Any]:
-        return self._key(thread_id) | {"limit": limit}
+        return self._key(thread_id) | {"limit": _args.integer(limit, "limit")}
 
 
 class Threads(_ThreadsBase):

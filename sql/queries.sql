@@ -2,31 +2,31 @@
 -- Each is one round trip: a bare call of a replaysafe function with named arguments.
 
 -- name: claim_action --
-SELECT * FROM replaysafe.claim_action(p_tenant_id => %(tenant_id)s, p_action_key => %(action_key)s, p_operation => %(operation)s, p_request => %(request)s::jsonb, p_worker_id => %(worker_id)s, p_lease => %(lease)s::interval, p_thread_id => %(thread_id)s::text, p_on_expired => %(on_expired)s, p_now => coalesce(%(now)s::timestamptz, now()))
+SELECT * FROM replaysafe.claim_action(p_tenant_id => %(tenant_id)s, p_action_key => %(action_key)s, p_operation => %(operation)s, p_request => %(request)s::jsonb, p_worker_id => %(worker_id)s, p_lease => %(lease)s::interval, p_thread_id => %(thread_id)s::text, p_on_expired => %(on_expired)s, p_now => %(now)s::timestamptz)
 
 -- name: claim_actions --
-SELECT * FROM replaysafe.claim_actions(p_tenant_id => %(tenant_id)s, p_action_keys => %(action_keys)s::text[], p_operations => %(operations)s::text[], p_requests => %(requests)s::jsonb[], p_worker_id => %(worker_id)s, p_lease => %(lease)s::interval, p_thread_id => %(thread_id)s::text, p_on_expired => %(on_expired)s, p_now => coalesce(%(now)s::timestamptz, now()))
+SELECT * FROM replaysafe.claim_actions(p_tenant_id => %(tenant_id)s, p_action_keys => %(action_keys)s::text[], p_operations => %(operations)s::text[], p_requests => %(requests)s::jsonb[], p_worker_id => %(worker_id)s, p_lease => %(lease)s::interval, p_thread_id => %(thread_id)s::text, p_on_expired => %(on_expired)s, p_now => %(now)s::timestamptz)
 
 -- name: heartbeat_action --
-SELECT replaysafe.heartbeat_action(p_tenant_id => %(tenant_id)s, p_action_key => %(action_key)s, p_attempt => %(attempt)s::integer, p_lease => %(lease)s::interval, p_now => coalesce(%(now)s::timestamptz, now()))
+SELECT replaysafe.heartbeat_action(p_tenant_id => %(tenant_id)s, p_action_key => %(action_key)s, p_attempt => %(attempt)s::integer, p_lease => %(lease)s::interval, p_now => %(now)s::timestamptz)
 
 -- name: complete_action --
-SELECT replaysafe.complete_action(p_tenant_id => %(tenant_id)s, p_action_key => %(action_key)s, p_attempt => %(attempt)s::integer, p_result => %(result)s::jsonb, p_provider_reference => %(provider_reference)s::text, p_now => coalesce(%(now)s::timestamptz, now()))
+SELECT replaysafe.complete_action(p_tenant_id => %(tenant_id)s, p_action_key => %(action_key)s, p_attempt => %(attempt)s::integer, p_result => %(result)s::jsonb, p_provider_reference => %(provider_reference)s::text, p_now => %(now)s::timestamptz)
 
 -- name: fail_action --
-SELECT replaysafe.fail_action(p_tenant_id => %(tenant_id)s, p_action_key => %(action_key)s, p_attempt => %(attempt)s::integer, p_error => %(error)s::jsonb, p_retryable => %(retryable)s::boolean, p_now => coalesce(%(now)s::timestamptz, now()))
+SELECT replaysafe.fail_action(p_tenant_id => %(tenant_id)s, p_action_key => %(action_key)s, p_attempt => %(attempt)s::integer, p_error => %(error)s::jsonb, p_retryable => %(retryable)s::boolean, p_now => %(now)s::timestamptz)
 
 -- name: mark_action_unknown --
-SELECT replaysafe.mark_action_unknown(p_tenant_id => %(tenant_id)s, p_action_key => %(action_key)s, p_attempt => %(attempt)s::integer, p_error => %(error)s::jsonb, p_now => coalesce(%(now)s::timestamptz, now()))
+SELECT replaysafe.mark_action_unknown(p_tenant_id => %(tenant_id)s, p_action_key => %(action_key)s, p_attempt => %(attempt)s::integer, p_error => %(error)s::jsonb, p_now => %(now)s::timestamptz)
 
 -- name: resolve_action --
-SELECT replaysafe.resolve_action(p_tenant_id => %(tenant_id)s, p_action_key => %(action_key)s, p_state => %(state)s, p_result => %(result)s::jsonb, p_error => %(error)s::jsonb, p_provider_reference => %(provider_reference)s::text, p_note => %(note)s::text, p_now => coalesce(%(now)s::timestamptz, now()))
+SELECT replaysafe.resolve_action(p_tenant_id => %(tenant_id)s, p_action_key => %(action_key)s, p_state => %(state)s, p_result => %(result)s::jsonb, p_error => %(error)s::jsonb, p_provider_reference => %(provider_reference)s::text, p_note => %(note)s::text, p_now => %(now)s::timestamptz)
 
 -- name: sweep_expired_actions --
-SELECT replaysafe.sweep_expired_actions(p_limit => %(limit)s::integer, p_now => coalesce(%(now)s::timestamptz, now()))
+SELECT replaysafe.sweep_expired_actions(p_limit => %(limit)s::integer, p_now => %(now)s::timestamptz)
 
 -- name: purge_actions --
-SELECT replaysafe.purge_actions(p_older_than => %(older_than)s::interval, p_limit => %(limit)s::integer, p_now => coalesce(%(now)s::timestamptz, now()))
+SELECT replaysafe.purge_actions(p_older_than => %(older_than)s::interval, p_limit => %(limit)s::integer, p_now => %(now)s::timestamptz)
 
 -- name: get_action --
 SELECT tenant_id, action_key, thread_id, operation, state, attempt, on_expired, idempotency_key, request, result, error, provider_reference, lease_expires_at, created_at, updated_at, completed_at, worker_id, resolution_note, resolved_at FROM replaysafe.actions_v WHERE tenant_id = %(tenant_id)s AND action_key = %(action_key)s

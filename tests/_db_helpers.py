@@ -27,3 +27,14 @@ def cloned_database(admin_dsn: str, template: str) -> Iterator[str]:
 def reset_ledger(conn: psycopg.Connection[Any]) -> None:
     conn.execute("DELETE FROM replaysafe.action_attempts; DELETE FROM replaysafe.actions; "
                  "DELETE FROM replaysafe.role_bindings")
+
+
+def derived_key(dsn: str, tenant_id: str, action_key: str) -> str:
+    """The idempotency key the database derives for a pair, read as the schema owner (the
+    test's superuser): no Python helper computes it (SPEC §4)."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        row = c.execute("SELECT replaysafe.idempotency_key(%s, %s)",
+                        (tenant_id, action_key)).fetchone()
+    assert row is not None
+    key: str = row[0]
+    return key

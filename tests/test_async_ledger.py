@@ -187,3 +187,70 @@ def test_ledger_with_a_dsn_reconnects_after_the_connection_is_lost(dsn: str,
         with pytest.raises(psycopg.OperationalError):
             led.claim("b", "op", {})
         assert led.claim("b", "op", {}).outcome == "claimed"
+
+
+# --- run never joins the caller's transaction (SPEC §6) ------------------------------------------
+
+class Tool:
+    """Counts its calls: the effect that must not happen twice."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, order: int) -> dict[str, int]:
+        self.calls += 1
+        return {"refund": order}
+
+
+def test_run_refuses_a_connection_inside_the_callers_transaction(
+        plain_conn: psycopg.Connection[Any], dsn: str) -> None:
+    """Joined, the claim would vanish with the caller's rollback and the next run would call
+    the tool again. Refused: nothing ran, nothing was written, the transaction is untouched."""
+    tool = Tool()
+    led = Ledger(plain_conn, tenant_id="t1", worker_id="w")
+    plain_conn.execute("SELECT 1")  # the caller's transaction is open
+    with pytest.raises(InvalidArgument, match="transaction"):
+        led.run("refund", tool, {"order": 1}, key="k")
+    with pytest.raises(InvalidArgument, match="transaction"):
+        led.run_many([("refund", tool, {"order": 2}, "k2")])
+    assert tool.calls == 0
+    assert plain_conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+    assert not exists(dsn, "k") and not exists(dsn, "k2")
+    plain_conn.rollback()
+    with pytest.raises(InvalidArgument, match="transaction"), plain_conn.transaction():
+        led.run("refund", tool, {"order": 1}, key="k")
+    assert tool.calls == 0 and not exists(dsn, "k")
+    # Outside a transaction run commits its claim and record: the tool runs once.
+    first = led.run("refund", tool, {"order": 1}, key="k")
+    again = led.run("refund", tool, {"order": 1}, key="k")
+    assert (first.replay, again.replay, tool.calls) == (False, True, 1)
+    assert exists(dsn, "k")
+
+
+def test_run_refuses_an_explicit_transaction_on_an_autocommit_connection(
+        conn: psycopg.Connection[Any], dsn: str) -> None:
+    tool = Tool()
+    led = Ledger(conn, tenant_id="t1", worker_id="w")
+    with pytest.raises(InvalidArgument, match="transaction"), conn.transaction():
+        led.run("refund", tool, {"order": 1}, key="k")
+    assert tool.calls == 0 and not exists(dsn, "k")
+
+
+def test_async_run_refuses_a_connection_inside_the_callers_transaction(dsn: str) -> None:
+    tool = Tool()
+
+    async def main() -> None:
+        async with await psycopg.AsyncConnection.connect(dsn) as conn:
+            led = AsyncLedger(conn, tenant_id="t1", worker_id="w")
+            await conn.execute("SELECT 1")
+            with pytest.raises(InvalidArgument, match="transaction"):
+                await led.run("refund", tool, {"order": 1}, key="k")
+            with pytest.raises(InvalidArgument, match="transaction"):
+                await led.run_many([("refund", tool, {"order": 2}, "k2")])
+            assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+            assert not exists(dsn, "k") and not exists(dsn, "k2")
+            await conn.rollback()
+            assert (await led.run("refund", tool, {"order": 1}, key="k")).replay is False
+            assert (await led.run("refund", tool, {"order": 1}, key="k")).replay is True
+    run(main)
+    assert tool.calls == 1

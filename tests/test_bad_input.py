@@ -7,16 +7,17 @@ purge) and breaks exactly one argument, so a missing check shows up as a write.
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
 import pytest
 from _db_helpers import cloned_database, reset_ledger
 
-from replaysafe_pg import InvalidArgument, Ledger
+from replaysafe_pg import AsyncLedger, InvalidArgument, Ledger, Threads
 
 T0 = "2026-01-01 12:00:00+00"
 LONG = "x" * 513
@@ -311,8 +312,200 @@ def test_driver_rejects_bad_ids_and_leases(prepared: psycopg.Connection[Any], le
         with pytest.raises(InvalidArgument):
             call()
         assert snapshot(prepared) == before
-    with Ledger(dsn, tenant_id="", worker_id="w") as nameless, pytest.raises(InvalidArgument):
-        nameless.claim("new", "op", {})
-    with Ledger(dsn, tenant_id="t1", worker_id=LONG) as wordy, pytest.raises(InvalidArgument):
-        wordy.claim("new", "op", {}, now=datetime(2026, 1, 1, tzinfo=UTC))
+    with pytest.raises(InvalidArgument):  # refused when the ledger is made
+        Ledger(dsn, tenant_id="", worker_id="w")
+    with pytest.raises(InvalidArgument):
+        Ledger(dsn, tenant_id="t1", worker_id=LONG)
+    assert snapshot(prepared) == before
+
+
+# --- driver side: types and ranges, refused before anything is sent ---------------------------
+
+NOT_TEXT: list[Any] = [b"k", 42, 4.2, ["k"]]
+# Within 512 characters, over 1,024 bytes in UTF-8 (SPEC §2): both limits hold.
+TOO_MANY_BYTES = ["\u4e2d" * 342, "\U0001f980" * 257]
+BAD_TEXT: list[Any] = ["", LONG, *TOO_MANY_BYTES, "a\ud800b", "a\u0000b"]
+
+
+def _tool() -> dict[str, int]:
+    return {"ok": 1}
+
+
+def id_calls(led: Ledger, dsn: str) -> list[tuple[str, Callable[[Any], Any]]]:
+    def construct(**kw: Any) -> Any:
+        with Ledger(dsn, **kw) as fresh:
+            return fresh.claim("new", "op", {})
+
+    def threads(**kw: Any) -> Any:
+        with Threads(dsn, **kw) as fresh:
+            return fresh.write("th", {}, 0)
+
+    def threads_call(v: Any) -> Any:
+        with Threads(dsn, tenant_id="t1") as th:
+            return th.write(v, {}, 0)
+
+    return [
+        ("claim key", lambda v: led.claim(v, "op", {})),
+        ("claim operation", lambda v: led.claim("new", v, {})),
+        ("claim thread", lambda v: led.claim("new", "op", {}, thread_id=v)),
+        ("claim_many key", lambda v: led.claim_many([(v, "op", {})])),
+        ("claim_many operation", lambda v: led.claim_many([("new", v, {})])),
+        ("heartbeat", lambda v: led.heartbeat(v, 1)),
+        ("complete", lambda v: led.complete(v, 1, {})),
+        ("fail", lambda v: led.fail(v, 1, {})),
+        ("mark_unknown", lambda v: led.mark_unknown(v, 1, {})),
+        ("resolve", lambda v: led.resolve(v, "succeeded", result={})),
+        ("get", lambda v: led.get(v)),
+        ("attempts", lambda v: led.attempts(v)),
+        ("run key", lambda v: led.run("op", _tool, {}, key=v)),
+        ("run operation", lambda v: led.run(v, _tool, {}, key="new")),
+        ("run thread", lambda v: led.run("op", _tool, {}, key="new", thread_id=v)),
+        ("run_many key", lambda v: led.run_many([("op", _tool, {}, v)])),
+        ("tenant", lambda v: construct(tenant_id=v, worker_id="w")),
+        ("worker", lambda v: construct(tenant_id="t1", worker_id=v)),
+        ("threads tenant", lambda v: threads(tenant_id=v)),
+        ("threads user", lambda v: threads(tenant_id="t1", user_id=v)),
+        ("threads thread", threads_call),
+    ]
+
+
+def test_driver_rejects_ids_that_are_not_text(prepared: psycopg.Connection[Any], ledger: Ledger,
+                                              dsn: str) -> None:
+    """bytes, int ... used to go out as bytea or integer and report SchemaNotInstalled (no
+    function of that signature) or a raw psycopg error."""
+    before = snapshot(prepared)
+    failures = []
+    for name, call in id_calls(ledger, dsn):
+        for value in NOT_TEXT:
+            try:
+                call(value)
+            except InvalidArgument as exc:
+                if "must be a str" not in str(exc):
+                    failures.append(f"{name}({value!r}): {exc}")
+            except Exception as exc:
+                failures.append(f"{name}({value!r}): {type(exc).__name__}: {exc}")
+            else:
+                failures.append(f"{name}({value!r}): no error")
+    assert failures == []
+    assert snapshot(prepared) == before
+
+
+def test_driver_rejects_empty_long_and_unencodable_ids(prepared: psycopg.Connection[Any],
+                                                       ledger: Ledger, dsn: str) -> None:
+    before = snapshot(prepared)
+    failures = []
+    for name, call in id_calls(ledger, dsn):
+        if name in ("get", "attempts"):  # reads: nothing to refuse, nothing found
+            continue
+        for value in BAD_TEXT:
+            try:
+                call(value)
+            except InvalidArgument:
+                pass
+            except Exception as exc:
+                failures.append(f"{name}({value[:10]!r}): {type(exc).__name__}: {exc}")
+            else:
+                failures.append(f"{name}({value[:10]!r}): no error")
+    assert failures == []
+    assert snapshot(prepared) == before
+
+
+def test_ids_at_both_limits_are_accepted(conn: psycopg.Connection[Any], dsn: str) -> None:
+    widest = "\u00e9" * 512  # 512 characters, exactly 1,024 bytes
+    with Ledger(dsn, tenant_id=widest, worker_id=widest) as led:
+        c = led.claim(widest, widest, {}, thread_id=widest)
+        assert c.outcome == "claimed"
+        assert led.complete(widest, c.attempt, {}) == "recorded"
+
+
+BAD_LEASES: list[Any] = [math.inf, -math.inf, math.nan, 0, 0.0, -1, 1e300, 7 * 86400 + 1,
+                         timedelta(0), timedelta(seconds=-1), timedelta(days=7, microseconds=1),
+                         timedelta.max, True, "30s", None]
+
+
+def test_driver_rejects_leases_out_of_range(prepared: psycopg.Connection[Any],
+                                            ledger: Ledger) -> None:
+    """Positive, finite, at most 7 days (SPEC §2). inf used to raise OverflowError."""
+    before = snapshot(prepared)
+    calls: list[tuple[str, Callable[[Any], Any]]] = [
+        ("claim", lambda v: ledger.claim("new", "op", {}, lease=v)),
+        ("claim_many", lambda v: ledger.claim_many([("new", "op", {})], lease=v)),
+        ("heartbeat", lambda v: ledger.heartbeat("live", 1, lease=v)),
+        ("run", lambda v: ledger.run("op", _tool, {}, key="new", lease=v)),
+        ("run_many", lambda v: ledger.run_many([("op", _tool, {}, "new")], lease=v)),
+    ]
+    failures = []
+    for name, call in calls:
+        for value in BAD_LEASES:
+            try:
+                call(value)
+            except InvalidArgument as exc:
+                if "lease" not in str(exc):
+                    failures.append(f"{name}({value!r}): {exc}")
+            except Exception as exc:
+                failures.append(f"{name}({value!r}): {type(exc).__name__}: {exc}")
+            else:
+                failures.append(f"{name}({value!r}): no error")
+    assert failures == []
+    assert snapshot(prepared) == before
+    assert ledger.claim("week", "op", {}, lease=timedelta(days=7)).outcome == "claimed"
+    assert ledger.claim("seconds", "op", {}, lease=7 * 86400.0).outcome == "claimed"
+
+
+def test_driver_rejects_bad_older_than_and_other_arguments(prepared: psycopg.Connection[Any],
+                                                           ledger: Ledger) -> None:
+    before = snapshot(prepared)
+    naive = datetime(2026, 1, 1, 12, 0)  # no time zone: the point
+    attempts: dict[str, Callable[[], Any]] = {
+        "older_than inf": lambda: ledger.purge(math.inf),
+        "older_than nan": lambda: ledger.purge(math.nan),
+        "older_than -1": lambda: ledger.purge(-1),
+        "older_than -1s": lambda: ledger.purge(timedelta(seconds=-1)),
+        "older_than huge": lambda: ledger.purge(1e300),
+        "older_than text": lambda: ledger.purge("7d"),
+        "attempt text": lambda: ledger.complete("live", "1", {}),  # type: ignore[arg-type]
+        "attempt float": lambda: ledger.complete("live", 1.4, {}),  # type: ignore[arg-type]
+        "attempt bool": lambda: ledger.heartbeat("live", True),
+        "limit float": lambda: ledger.sweep(limit=1.5),  # type: ignore[arg-type]
+        "limit bool": lambda: ledger.purge(0, limit=True),
+        "retryable text": lambda: ledger.fail("live", 1, {}, retryable="no"),  # type: ignore[arg-type]
+        "naive now": lambda: ledger.sweep(now=naive),
+        "text now": lambda: ledger.sweep(now="2026-01-01"),  # type: ignore[arg-type]
+        "note": lambda: ledger.resolve("unk", "succeeded", note=42),  # type: ignore[arg-type]
+        "reference": lambda: ledger.complete("live", 1, {}, provider_reference=42),  # type: ignore[arg-type]
+        "on_expired": lambda: ledger.claim("new", "op", {}, on_expired=1),  # type: ignore[arg-type]
+        "wait_timeout nan": lambda: ledger.run("op", _tool, {}, key="new", wait_timeout=math.nan),
+        "timeout inf": lambda: ledger.run("op", _tool, {}, key="new", timeout=math.inf),
+    }
+    failures = []
+    for name, call in attempts.items():
+        try:
+            call()
+        except InvalidArgument:
+            pass
+        except Exception as exc:
+            failures.append(f"{name}: {type(exc).__name__}: {exc}")
+        else:
+            failures.append(f"{name}: no error")
+        if snapshot(prepared) != before:
+            failures.append(f"{name}: wrote something")
+            before = snapshot(prepared)
+    assert failures == []
+
+
+def test_async_ledger_checks_the_same_arguments(prepared: psycopg.Connection[Any],
+                                                dsn: str) -> None:
+    async def main() -> None:
+        with pytest.raises(InvalidArgument):
+            AsyncLedger(dsn, tenant_id=b"t1")  # type: ignore[arg-type]
+        async with AsyncLedger(dsn, tenant_id="t1", worker_id="w") as led:
+            for call in (lambda: led.claim(b"k", "op", {}),  # type: ignore[arg-type]
+                         lambda: led.claim("new", "op", {}, lease=math.inf),
+                         lambda: led.run("op", _tool, {}, key=42),  # type: ignore[arg-type]
+                         lambda: led.purge(math.nan)):
+                with pytest.raises(InvalidArgument):
+                    await call()
+
+    before = snapshot(prepared)
+    asyncio.run(main())
     assert snapshot(prepared) == before

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import timedelta
 from typing import Any
@@ -335,3 +336,74 @@ def test_doctor_lists_objects_the_migration_did_not_create_or_another_role_owns(
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("DROP TABLE replaysafe.notes")
         conn.execute(f'REVOKE ALL ON SCHEMA replaysafe FROM "{intruder}"')
+
+# --- terminal safety: control characters in values are shown escaped --------------------------
+
+EVIL = "k\x1b[31mRED\x1b[0m\r\x07\x9b2J\x7f"
+CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")  # all but the CLI's own newlines
+
+
+def _no_raw_controls(result: Any) -> str:
+    for stream in (result.stdout, result.stderr):
+        assert not CONTROL.search(stream), repr(stream)
+    text: str = result.stdout + result.stderr
+    return text
+
+
+def test_human_output_escapes_control_characters_in_every_value(dsn: str) -> None:
+    """A key, operation, note or error holding terminal escape sequences (written by an
+    agent, say) must not reach the operator's terminal raw: shown as \\x1b-style text."""
+    with Ledger(dsn, tenant_id="t\x1b]0;owned\x07") as led:
+        _unknown(led, EVIL)
+        c = led.claim(EVIL + "2", "op\x1b[2J", {"o": 1}, lease=LEASE, on_expired="reclaim",
+                      now=at(0))
+        c2 = led.claim(EVIL + "2", "op\x1b[2J", {"o": 1}, lease=LEASE, on_expired="reclaim",
+                       now=at(60))
+        led.complete(EVIL + "2", c2.attempt, {"ok": "\x1b[5m"}, now=at(61))
+        led.fail(EVIL + "2", c.attempt, {"message": "boom\x1b[1A\r\x9d"}, now=at(62))
+        led.complete(EVIL + "2", c.attempt, {"ok": 1}, now=at(63))
+        _unknown(led, EVIL + "3")
+        led.resolve(EVIL + "3", "retryable", note="note\x1b[8m\x85")
+    tenant = "t\x1b]0;owned\x07"
+    listed = _no_raw_controls(run("actions", "list", dsn=dsn))
+    assert "k\\x1b[31mRED\\x1b[0m\\r\\x07\\x9b2J\\x7f" in listed
+    shown = _no_raw_controls(run("actions", "show", EVIL + "2", "--tenant", tenant, dsn=dsn))
+    assert "op\\x1b[2J" in shown and "\\u001b[5m" in shown  # a JSON value: JSON escapes
+    _no_raw_controls(run("actions", "show", EVIL + "3", "--tenant", tenant, dsn=dsn))
+    audit = run("audit", dsn=dsn)
+    assert audit.exit_code == 1
+    assert "t\\x1b]0;owned\\x07" in _no_raw_controls(audit)
+    resolved = run("resolve", EVIL, "--tenant", tenant, "--state", "failed", "--note", "n", dsn=dsn)
+    assert resolved.exit_code == 0
+    assert "resolved k\\x1b[31mRED" in _no_raw_controls(resolved)
+    missing = run("actions", "show", "nope\x1b[2J\r", "--tenant", tenant, dsn=dsn)
+    assert_one_line_error(missing, "no action nope\\x1b[2J\\r")
+    _no_raw_controls(missing)
+    # --json stays exact (JSON escapes every control character, C1 and DEL included).
+    exact = run("--json", "actions", "list", dsn=dsn)
+    assert not CONTROL.search(exact.stdout)
+    assert EVIL in {a["action_key"] for a in json.loads(exact.stdout)}
+
+
+def test_thread_output_escapes_control_characters(dsn: str) -> None:
+    if not _has_threads(dsn):
+        pytest.skip("thread state (SPEC §3) is not in this schema yet")
+    thread = "th\x1b[2J"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT replaysafe.write_thread(p_tenant_id => 't1', p_thread_id => %s,"
+                     " p_expected_version => 0, p_state => %s::jsonb)",
+                     (thread, json.dumps({"say": "hi\x1b[31m\x9b\x7f", "k\x07": 1})))
+    shown = _no_raw_controls(run("threads", "show", thread, "--tenant", "t1", dsn=dsn))
+    assert "th\\x1b[2J" in shown
+    _no_raw_controls(run("threads", "history", thread, "--tenant", "t1", dsn=dsn))
+    assert json.loads(run("--json", "threads", "show", thread, "--tenant", "t1",
+                          dsn=dsn).stdout)["state"]["say"] == "hi\x1b[31m\x9b\x7f"
+
+
+def test_escape_keeps_ordinary_unicode() -> None:
+    from replaysafe_pg._cli_render import escape
+
+    assert escape("Grüße, 中文, 🦀 e\u0301") == "Grüße, 中文, 🦀 e\u0301"
+    assert escape("a\x1bb\x00\t\r\n\x7f\x85\x9b\u202e\u2028") == \
+        "a\\x1bb\\x00\\t\\r\\n\\x7f\\x85\\x9b\\u202e\\u2028"
+    assert escape("two\nlines", keep_newlines=True) == "two\nlines"

@@ -1,6 +1,7 @@
 """Python and SQL agree: every query the driver sends resolves with the argument types it
 sends, enums and record shapes match, every RS SQLSTATE maps to its exception class, and
-the derived idempotency key is computed the same on both sides."""
+the derived idempotency key comes from the database only (a claim's answer), never from a
+Python helper."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from replaysafe_pg import errors, queries
-from replaysafe_pg.keys import idempotency_key
 from replaysafe_pg.models import Action, ActionState, Attempt, Claim, ClaimOutcome, ReportOutcome
 from replaysafe_pg.schema import schema_sql
 
@@ -68,7 +68,18 @@ def sent_types(query: str) -> tuple[str, dict[str, str]]:
     return m.group(1), sent
 
 
-FUNCTION_QUERIES = {name: q for name, q in queries.all_queries().items() if CALL.search(q)}
+def _sent_forms() -> dict[str, str]:
+    """Every form the driver sends: a time-sensitive query with and without its p_now."""
+    forms: dict[str, str] = {}
+    for name, query in queries.all_queries().items():
+        forms[name] = query
+        if queries.takes_now(name):
+            forms[f"{name}{DEFAULTED}"] = queries.get(name, {"now": None})
+    return forms
+
+
+DEFAULTED = " (p_now left to its default)"
+FUNCTION_QUERIES = {name: q for name, q in _sent_forms().items() if CALL.search(q)}
 
 
 def test_every_query_is_loaded_and_calls_are_bare_selects() -> None:
@@ -78,7 +89,7 @@ def test_every_query_is_loaded_and_calls_are_bare_selects() -> None:
             "get_action", "list_attempts"} <= names
     for name, q in FUNCTION_QUERIES.items():
         assert "\n" not in q and q.startswith("SELECT "), name
-        assert CALL.search(q).group(1) == name, name  # type: ignore[union-attr]
+        assert CALL.search(q).group(1) == name.removesuffix(DEFAULTED), name  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("name", sorted(FUNCTION_QUERIES))
@@ -110,11 +121,12 @@ def test_called_function_resolves_with_the_sent_types(conn: psycopg.Connection[A
     assert conn.execute("SELECT to_regprocedure(%s)", (regproc,)).fetchone() != (None,), regproc
 
 
-@pytest.mark.parametrize("name", sorted(queries.all_queries()))
+@pytest.mark.parametrize("name", sorted(_sent_forms()))
 def test_every_query_plans_with_driver_parameters(conn: psycopg.Connection[Any], name: str) -> None:
     """EXPLAIN with NULL parameters, sent the way the driver sends them: resolution and
     planning happen, the (volatile) functions do not run."""
-    query = queries.get(name)
+    query = _sent_forms()[name]
+    name = name.removesuffix(DEFAULTED)
     if not query.startswith("SELECT"):
         # Utility statements (LISTEN/UNLISTEN) cannot be EXPLAINed: run them for real.
         assert query.split()[0] in ("LISTEN", "UNLISTEN"), query
@@ -184,19 +196,45 @@ def test_every_rs_sqlstate_raised_in_sql_is_mapped() -> None:
     assert all(issubclass(c, errors.ReplaysafeError) for c in classes)
 
 
-ids = st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\x00"), max_size=40)
+ids = st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\x00"),
+              min_size=1, max_size=40)
+
+
+def claimed_key(conn: psycopg.Connection[Any], tenant: str, key: str) -> str:
+    with conn.transaction(force_rollback=True):
+        row = conn.execute("SELECT idempotency_key FROM replaysafe.claim_action(%s, %s, 'op', "
+                           "'{}', 'w')", (tenant, key)).fetchone()
+    assert row is not None
+    derived: str = row[0]
+    return derived
+
+
+def owner_key(conn: psycopg.Connection[Any], tenant: str, key: str) -> str:
+    row = conn.execute("SELECT replaysafe.idempotency_key(%s, %s)", (tenant, key)).fetchone()
+    assert row is not None
+    derived: str = row[0]
+    return derived
+
+
+def test_no_python_helper_computes_the_idempotency_key() -> None:
+    """SPEC §4: the key reaches a caller only in the answer to its own claim."""
+    import replaysafe_pg
+    from replaysafe_pg import keys
+
+    assert not hasattr(keys, "idempotency_key")
+    assert not any("idempotency" in name for name in replaysafe_pg.__all__)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(tenant=ids, key=ids)
-def test_python_idempotency_key_equals_sql(conn: psycopg.Connection[Any], tenant: str,
-                                           key: str) -> None:
-    row = conn.execute("SELECT replaysafe.idempotency_key(%s, %s)", (tenant, key)).fetchone()
-    assert row == (idempotency_key(tenant, key),)
+def test_a_claim_answers_the_key_the_database_derives(conn: psycopg.Connection[Any], tenant: str,
+                                                      key: str) -> None:
+    assert claimed_key(conn, tenant, key) == owner_key(conn, tenant, key)
 
 
-@pytest.mark.parametrize(("tenant", "key"), [("t1", "k"), ("ß", "ключ"), ("🦀", "\U0001d518"),
-                                             ("a:b", "c"), ("", "")])
+@pytest.mark.parametrize(("tenant", "key"), [("t1", "k"), ("\u00df", "\u043a\u043b\u044e\u0447"),
+                                             ("\U0001f980", "\U0001d518"), ("a:b", "c")])
 def test_idempotency_key_examples(conn: psycopg.Connection[Any], tenant: str, key: str) -> None:
-    row = conn.execute("SELECT replaysafe.idempotency_key(%s, %s)", (tenant, key)).fetchone()
-    assert row == (idempotency_key(tenant, key),)
+    derived = claimed_key(conn, tenant, key)
+    assert derived == owner_key(conn, tenant, key)
+    assert derived != owner_key(conn, tenant + "x", key) != owner_key(conn, tenant, key + "x")

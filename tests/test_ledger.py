@@ -7,6 +7,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from _db_helpers import derived_key
 
 from replaysafe_pg import (
     ActionState,
@@ -15,7 +16,6 @@ from replaysafe_pg import (
     LeaseLost,
     Ledger,
 )
-from replaysafe_pg.keys import idempotency_key
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 LEASE = timedelta(seconds=30)
@@ -47,11 +47,11 @@ def attempts(conn: psycopg.Connection[Any], key: str = "k") -> list[dict[str, An
 
 # --- claim outcomes --------------------------------------------------------------------
 
-def test_new_key_is_claimed_with_attempt_1_and_a_lease(ledger: Ledger) -> None:
+def test_new_key_is_claimed_with_attempt_1_and_a_lease(ledger: Ledger, dsn: str) -> None:
     c = claim(ledger)
     assert (c.outcome, c.state, c.attempt) == ("claimed", "running", 1)
     assert c.lease_expires_at == at(30)
-    assert c.idempotency_key == idempotency_key("t1", "k")
+    assert c.idempotency_key == derived_key(dsn, "t1", "k")
 
 
 def test_terminal_actions_replay_their_recorded_outcome(ledger: Ledger) -> None:
@@ -135,7 +135,7 @@ def test_idempotency_key_is_stable_and_distinct(ledger: Ledger, dsn: str, conn: 
     assert len(keys) == 4
     assert {len(k) for k in keys} == {68}
     assert conn.execute("SELECT replaysafe.idempotency_key('t1', 'k')").fetchone()[0] == \
-        idempotency_key("t1", "k")
+        c.idempotency_key
 
 
 # --- leases and expiry ------------------------------------------------------------------

@@ -13,10 +13,9 @@ from typing import Any
 
 import psycopg
 import pytest
-from _db_helpers import cloned_database, reset_ledger
+from _db_helpers import cloned_database, derived_key, reset_ledger
 
 from replaysafe_pg import Ledger
-from replaysafe_pg.keys import idempotency_key
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 LEASE = timedelta(seconds=30)
@@ -79,7 +78,8 @@ TRANSITIONS: dict[str, tuple[str, Callable[[Ledger], Any], str]] = {
 @pytest.mark.parametrize("waiting", [True, False], ids=["waiter", "no_waiter"])
 @pytest.mark.parametrize("name", list(TRANSITIONS))
 def test_leaving_running_notifies_only_registered_waiters(
-        ledger: Ledger, listener: psycopg.Connection[Any], name: str, waiting: bool) -> None:
+        ledger: Ledger, listener: psycopg.Connection[Any], shared_dsn: str, name: str,
+        waiting: bool) -> None:
     policy, transition, left_in = TRANSITIONS[name]
     first = claim(ledger, 0, policy)
     if waiting:
@@ -93,7 +93,7 @@ def test_leaving_running_notifies_only_registered_waiters(
     assert received(listener) == expected
     if waiting:
         # The payload reveals neither tenant nor key: it is the derived key only.
-        assert expected[0][1] == idempotency_key("t1", "k")
+        assert expected[0][1] == derived_key(shared_dsn, "t1", "k")
 
 
 def test_waiters_of_the_old_attempt_do_not_carry_over_to_the_new_one(
@@ -131,9 +131,7 @@ def test_reports_that_do_not_leave_running_send_nothing(
 
 def test_only_the_swept_actions_with_waiters_notify(
         ledger: Ledger, listener: psycopg.Connection[Any]) -> None:
-    keys = ["a", "b", "c"]
-    for k in keys:
-        claim(ledger, 0, key=k)
+    claims = {k: claim(ledger, 0, key=k) for k in ("a", "b", "c")}
     assert claim(ledger, 5, key="b").outcome == "running"
     assert ledger.sweep(now=at(31)) == 3
-    assert received(listener) == [("replaysafe_actions", idempotency_key("t1", "b"))]
+    assert received(listener) == [("replaysafe_actions", claims["b"].idempotency_key)]

@@ -10,6 +10,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from _db_helpers import derived_key
 from _run_helpers import action_row, attempt_rows
 
 from replaysafe_pg import (
@@ -59,7 +60,7 @@ def test_first_call_runs_the_tool_and_later_calls_replay_it(led: Ledger, dsn: st
     first = led.run("refund", tool, {"order": 42}, key="k")
     assert (first.status, first.result, first.replay, first.attempt, first.outcome) == (
         "succeeded", {"refund_id": "re_1"}, False, 1, "recorded")
-    assert first.idempotency_key == keys.idempotency_key("t1", "k")
+    assert first.idempotency_key == derived_key(dsn, "t1", "k")
     again = led.run("refund", tool, {"order": 42}, key="k")
     assert (again.status, again.result, again.replay, again.outcome) == (
         "succeeded", {"refund_id": "re_1"}, True, None)
@@ -68,7 +69,7 @@ def test_first_call_runs_the_tool_and_later_calls_replay_it(led: Ledger, dsn: st
     assert again.unwrap() == {"refund_id": "re_1"}
 
 
-def test_fn_that_takes_idempotency_key_gets_the_derived_key(led: Ledger) -> None:
+def test_fn_that_takes_idempotency_key_gets_the_derived_key(led: Ledger, dsn: str) -> None:
     seen: list[str] = []
 
     def charge(amount: int, idempotency_key: str) -> int:
@@ -76,7 +77,7 @@ def test_fn_that_takes_idempotency_key_gets_the_derived_key(led: Ledger) -> None
         return amount
 
     ex = led.run("charge", charge, {"amount": 5}, key="c1")
-    assert seen == [keys.idempotency_key("t1", "c1")] == [ex.idempotency_key]
+    assert seen == [derived_key(dsn, "t1", "c1")] == [ex.idempotency_key]
 
     def no_key(**kwargs: Any) -> Any:  # **kwargs alone does not ask for the key
         return sorted(kwargs)
@@ -335,6 +336,26 @@ def test_tool_call_key_is_stable_and_unambiguous() -> None:
     assert long != keys.tool_call_key("t" * 300, "m" * 300, "d")
     with pytest.raises(InvalidArgument, match="message_id"):
         keys.tool_call_key("t", "", "c")
+
+
+def test_tool_call_key_stays_within_512_characters_and_1024_bytes() -> None:
+    """SPEC §2 limits both: 400 CJK characters are 1,200 bytes in UTF-8."""
+    cases = [("\u4e2d" * 400, "m", "c"), ("\u4e2d" * 170, "\u6587" * 170, "c"),
+             ("\U0001f980" * 300, "m", "c"), ("t" * 300, "m" * 300, "c"), ("t", "m", "\u00e9" * 500)]
+    for parts in cases:
+        key = keys.tool_call_key(*parts)
+        assert len(key) <= 512 and len(key.encode("utf-8")) <= 1024, parts
+        assert key == keys.tool_call_key(*parts)
+        assert key != keys.tool_call_key(*parts[:2], parts[2] + "x")
+    # Within both limits the key stays readable.
+    plain = keys.tool_call_key("\u00e9" * 100, "m", "c")
+    assert plain.startswith("tc:") and "\u00e9" * 100 in plain
+
+
+def test_tool_call_key_rejects_parts_that_are_not_text() -> None:
+    for bad in (b"t", 42, None, "a\u0000b", "a\ud800b"):
+        with pytest.raises(InvalidArgument, match="thread_id"):
+            keys.tool_call_key(bad, "m", "c")  # type: ignore[arg-type]
 
 
 def test_tool_call_key_works_as_an_action_key(led: Ledger) -> None:

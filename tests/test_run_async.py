@@ -7,9 +7,10 @@ import time
 from typing import Any
 
 import pytest
+from _db_helpers import derived_key
 from _run_helpers import action_row, add_effect, attempt_rows, count_effects, make_effects_table
 
-from replaysafe_pg import AsyncLedger, InvalidArgument, UnstorableResult, keys
+from replaysafe_pg import AsyncLedger, InvalidArgument, UnstorableResult
 
 
 def test_a_storm_of_tasks_runs_the_tool_once(dsn: str) -> None:
@@ -33,7 +34,7 @@ def test_a_storm_of_tasks_runs_the_tool_once(dsn: str) -> None:
         finally:
             for led in ledgers:
                 await led.close()
-        assert seen == [keys.idempotency_key("t1", "s")]
+        assert seen == [derived_key(dsn, "t1", "s")]
         return outs
 
     outs = asyncio.run(main())

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from _db_helpers import derived_key
 from _run_helpers import (
     Provider,
     Worker,
@@ -22,7 +23,7 @@ from _run_helpers import (
     make_effects_table,
 )
 
-from replaysafe_pg import Ledger, keys
+from replaysafe_pg import Ledger
 
 WINDOWS = ("before_send", "after_send", "after_record")
 POLICIES = ("unknown", "reclaim")
@@ -80,7 +81,7 @@ def test_crash_windows_times_policies(dsn: str, provider: Provider) -> None:
     table = []
     for (window, policy), ex in got.items():
         key = f"{window}:{policy}"
-        idem = keys.idempotency_key("t1", key)
+        idem = derived_key(dsn, "t1", key)
         row = action_row(dsn, key)
         table.append((window, policy, row["state"], row["attempt"], provider.requests.get(idem, 0),
                       provider.effects.get(idem, 0), ex["status"], ex["replay"]))
@@ -101,7 +102,7 @@ def test_crash_windows_times_policies(dsn: str, provider: Provider) -> None:
     assert {(t[0], t[1]): t[2:] for t in table} == expected
     # The resumer of window 2 under "reclaim" re-sent the same key: the provider answered
     # with the first charge, so the ledger holds the charge that really happened.
-    idem = keys.idempotency_key("t1", "after_send:reclaim")
+    idem = derived_key(dsn, "t1", "after_send:reclaim")
     assert got[("after_send", "reclaim")]["result"] == provider.responses[idem]
 
 
