@@ -53,9 +53,7 @@ def _claim_params(key: str, lease: timedelta) -> dict[str, Any]:
             "now": None}
 
 
-# Needs the schema side of the change (p_now DEFAULT clock_timestamp()): with the old default
-# now(), the lease is counted from the transaction's start. Remove the marker once it lands.
-@pytest.mark.xfail(strict=True, reason="until the SQL defaults p_now to clock_timestamp()")
+# With the 0002 default now(), the lease was counted from the transaction's start.
 def test_without_now_the_time_is_the_moment_of_the_call(dsn: str) -> None:
     """Inside a transaction that began 1.5 s before the call, a 2 s lease ends at least
     3.5 s after the transaction's start: the function read the clock at the call, which
