@@ -164,29 +164,28 @@ CREATE TYPE replaysafe.thread_record AS (
 -- ---------------------------------------------------------------------------------------
 
 CREATE VIEW replaysafe._caller AS
-WITH me AS (
-    SELECT CASE WHEN current_setting('role') = 'none' THEN session_user::text
-                ELSE current_setting('role') END AS role_name,
-           session_user::text AS login_name
-), bound AS (
-    SELECT me.role_name,
-           coalesce((SELECT b.tenant_id FROM replaysafe.role_bindings b WHERE b.role_name = me.role_name),
-                    (SELECT b.tenant_id FROM replaysafe.role_bindings b WHERE b.role_name = me.login_name))
-               AS tenant_id
-    FROM me
-), flags AS (
-    SELECT bound.role_name, bound.tenant_id,
-           CASE WHEN bound.tenant_id IS NOT NULL THEN false
-                ELSE pg_has_role(bound.role_name, n.nspowner, 'USAGE') END AS acts_for_all
-    FROM bound, pg_namespace n
-    WHERE n.nspname = 'replaysafe'
-)
-SELECT flags.role_name, flags.tenant_id, flags.acts_for_all,
-       CASE WHEN flags.tenant_id IS NOT NULL THEN false
-            WHEN flags.acts_for_all THEN true
+SELECT r.role_name,
+       coalesce((SELECT b.tenant_id FROM replaysafe.role_bindings b WHERE b.role_name = r.role_name),
+                (SELECT b.tenant_id FROM replaysafe.role_bindings b WHERE b.role_name = r.login_name))
+           AS tenant_id
+FROM (SELECT CASE WHEN current_setting('role') = 'none' THEN session_user::text
+                  ELSE current_setting('role') END AS role_name,
+             session_user::text AS login_name) r;
+
+-- The caller's scope, for the views, sweeps and purges: an unbound caller acts for every
+-- tenant when it is a member of the schema owner, and reads every tenant when it is also,
+-- or instead, a member of replaysafe_auditor. (Kept apart from _caller: the functions' hot
+-- path needs only the tenant, and every node of a query costs at each execution.)
+CREATE VIEW replaysafe._caller_scope AS
+SELECT c.role_name, c.tenant_id,
+       CASE WHEN c.tenant_id IS NOT NULL THEN false
+            ELSE pg_has_role(c.role_name, n.nspowner, 'USAGE') END AS acts_for_all,
+       CASE WHEN c.tenant_id IS NOT NULL THEN false
+            WHEN pg_has_role(c.role_name, n.nspowner, 'USAGE') THEN true
             ELSE EXISTS (SELECT 1 FROM pg_roles r WHERE r.rolname = 'replaysafe_auditor'
-                         AND pg_has_role(flags.role_name, r.oid, 'USAGE')) END AS reads_all
-FROM flags;
+                         AND pg_has_role(c.role_name, r.oid, 'USAGE')) END AS reads_all
+FROM replaysafe._caller c, pg_namespace n
+WHERE n.nspname = 'replaysafe';
 
 -- ---------------------------------------------------------------------------------------
 -- Private helpers (SECURITY INVOKER: only the definer functions, running as the owner,
@@ -258,7 +257,7 @@ BEGIN
         RETURN;
     END IF;
     IF NOT EXISTS (
-        SELECT 1 FROM replaysafe._caller c
+        SELECT 1 FROM replaysafe._caller_scope c
         WHERE c.acts_for_all
            OR EXISTS (SELECT 1 FROM pg_roles r WHERE r.rolname = 'replaysafe_operator'
                       AND pg_has_role(c.role_name, r.oid, 'USAGE'))) THEN
@@ -278,10 +277,13 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_tenant text;
-    v_all    boolean;
+    v_role   text;
 BEGIN
-    SELECT c.tenant_id, c.acts_for_all INTO v_tenant, v_all FROM replaysafe._caller c;
-    IF v_tenant = p_tenant_id OR (v_tenant IS NULL AND v_all) THEN
+    SELECT c.tenant_id, c.role_name INTO v_tenant, v_role FROM replaysafe._caller c;
+    IF v_tenant = p_tenant_id THEN
+        RETURN;
+    END IF;
+    IF v_tenant IS NULL AND EXISTS (SELECT 1 FROM replaysafe._caller_scope s WHERE s.acts_for_all) THEN
         RETURN;
     END IF;
     PERFORM replaysafe._raise('RS004', 'access denied: this role may not act for that tenant');
@@ -920,7 +922,7 @@ BEGIN
                   AND clock_timestamp() + interval '5 minutes') IS NOT TRUE THEN
         PERFORM replaysafe._check_now(p_now);
     END IF;
-    SELECT c.tenant_id, c.acts_for_all INTO v_tenant, v_all FROM replaysafe._caller c;
+    SELECT c.tenant_id, c.acts_for_all INTO v_tenant, v_all FROM replaysafe._caller_scope c;
     IF v_tenant IS NULL AND NOT v_all THEN
         RETURN 0;
     END IF;
@@ -986,7 +988,7 @@ BEGIN
                   AND clock_timestamp() + interval '5 minutes') IS NOT TRUE THEN
         PERFORM replaysafe._check_now(p_now);
     END IF;
-    SELECT c.tenant_id, c.acts_for_all INTO v_tenant, v_all FROM replaysafe._caller c;
+    SELECT c.tenant_id, c.acts_for_all INTO v_tenant, v_all FROM replaysafe._caller_scope c;
     IF v_tenant IS NULL AND NOT v_all THEN
         RETURN 0;
     END IF;
@@ -1305,14 +1307,14 @@ SELECT x.tenant_id, x.action_key, x.thread_id, x.operation, x.state, x.attempt, 
        x.created_at, x.updated_at, x.completed_at, x.worker_id, x.resolution_note, x.resolved_at
 FROM replaysafe.actions x
 WHERE x.tenant_id = (SELECT c.tenant_id FROM replaysafe._caller c)
-   OR (SELECT c.reads_all FROM replaysafe._caller c);
+   OR (SELECT c.reads_all FROM replaysafe._caller_scope c);
 
 CREATE VIEW replaysafe.action_attempts_v WITH (security_barrier = true) AS
 SELECT t.tenant_id, t.action_key, t.attempt, t.worker_id, t.claimed_at, t.ended_at, t.outcome,
        t.superseded, t.error, t.result, t.provider_reference
 FROM replaysafe.action_attempts t
 WHERE t.tenant_id = (SELECT c.tenant_id FROM replaysafe._caller c)
-   OR (SELECT c.reads_all FROM replaysafe._caller c);
+   OR (SELECT c.reads_all FROM replaysafe._caller_scope c);
 
 CREATE VIEW replaysafe.unresolved_actions WITH (security_barrier = true) AS
 SELECT x.tenant_id, x.action_key, x.operation, x.state, x.lease_expires_at,
@@ -1321,7 +1323,7 @@ SELECT x.tenant_id, x.action_key, x.operation, x.state, x.lease_expires_at,
 FROM replaysafe.actions x
 WHERE (x.state = 'unknown' OR (x.state = 'running' AND x.lease_expires_at <= now()))
   AND (x.tenant_id = (SELECT c.tenant_id FROM replaysafe._caller c)
-       OR (SELECT c.reads_all FROM replaysafe._caller c));
+       OR (SELECT c.reads_all FROM replaysafe._caller_scope c));
 
 CREATE VIEW replaysafe.multi_effect_actions WITH (security_barrier = true) AS
 SELECT t.tenant_id, t.action_key, a.operation, count(*) AS successful_attempts
@@ -1329,7 +1331,7 @@ FROM replaysafe.action_attempts t
 JOIN replaysafe.actions a ON a.tenant_id = t.tenant_id AND a.action_key = t.action_key
 WHERE t.outcome = 'succeeded'
   AND (t.tenant_id = (SELECT c.tenant_id FROM replaysafe._caller c)
-       OR (SELECT c.reads_all FROM replaysafe._caller c))
+       OR (SELECT c.reads_all FROM replaysafe._caller_scope c))
 GROUP BY t.tenant_id, t.action_key, a.operation
 HAVING count(*) > 1;
 
@@ -1342,7 +1344,7 @@ FROM replaysafe.threads t
 LEFT JOIN replaysafe.thread_versions v
        ON v.tenant_id = t.tenant_id AND v.thread_id = t.thread_id AND v.version = t.version
 WHERE t.tenant_id = (SELECT c.tenant_id FROM replaysafe._caller c)
-   OR (SELECT c.reads_all FROM replaysafe._caller c);
+   OR (SELECT c.reads_all FROM replaysafe._caller_scope c);
 
 -- ---------------------------------------------------------------------------------------
 -- Privileges. Row-level security stays enabled with no policy on every table: should a

@@ -6,7 +6,8 @@ SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
 SELECT pg_catalog.set_config('check_function_bodies', 'false', true);
 
 DROP VIEW replaysafe.actions_v, replaysafe.action_attempts_v, replaysafe.unresolved_actions,
-    replaysafe.multi_effect_actions, replaysafe.threads_v, replaysafe._caller;
+    replaysafe.multi_effect_actions, replaysafe.threads_v, replaysafe._caller_scope,
+    replaysafe._caller;
 DO $drop$
 DECLARE
     r record;
