@@ -1,5 +1,6 @@
-"""One cloned database shared by a test module (a clone per test costs ~0.3 s each), and a
-reset that empties the ledger between tests that share it."""
+"""One cloned database shared by a test module (a clone per test costs ~0.3 s each), a
+reset that empties the ledger between tests that share it, and connecting as (and binding)
+the LOGIN roles of the isolation tests."""
 
 from __future__ import annotations
 
@@ -38,3 +39,14 @@ def derived_key(dsn: str, tenant_id: str, action_key: str) -> str:
     assert row is not None
     key: str = row[0]
     return key
+
+
+def connect_as(dsn: str, role: str) -> psycopg.Connection[Any]:
+    return psycopg.connect(pg_conninfo.make_conninfo(dsn, user=role), autocommit=True)
+
+
+def bind(dsn: str, role: str, tenant: str) -> None:
+    """Bind ``role`` to ``tenant``, as the schema owner (the test's superuser)."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("SELECT replaysafe.bind_role_to_tenant(p_role => %s, p_tenant_id => %s)",
+                  (role, tenant))

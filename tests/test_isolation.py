@@ -11,6 +11,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from _db_helpers import bind, connect_as
 from psycopg import conninfo as pg_conninfo
 from psycopg import sql
 
@@ -46,16 +47,6 @@ def world(dsn: str) -> str:
     seed(dsn, "A")
     seed(dsn, "B")
     return dsn
-
-
-def connect_as(dsn: str, role: str) -> Conn:
-    return psycopg.connect(pg_conninfo.make_conninfo(dsn, user=role), autocommit=True)
-
-
-def bind(dsn: str, role: str, tenant: str) -> None:
-    with psycopg.connect(dsn, autocommit=True) as c:
-        c.execute("SELECT replaysafe.bind_role_to_tenant(p_role => %s, p_tenant_id => %s)",
-                  (role, tenant))
 
 
 def relations(dsn: str) -> list[tuple[str, str, bool]]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg import conninfo as pg_conninfo
+from _db_helpers import bind, connect_as
 from psycopg import sql
 
 Conn = psycopg.Connection[Any]
@@ -25,16 +25,6 @@ TABLES = ("actions", "action_attempts", "role_bindings", "installation", "thread
           "thread_versions", "alembic_version")
 VIEWS = ("actions_v", "action_attempts_v", "unresolved_actions", "multi_effect_actions",
          "threads_v")
-
-
-def connect_as(dsn: str, role: str) -> Conn:
-    return psycopg.connect(pg_conninfo.make_conninfo(dsn, user=role), autocommit=True)
-
-
-def bind(dsn: str, role: str, tenant: str) -> None:
-    with psycopg.connect(dsn, autocommit=True) as c:
-        c.execute("SELECT replaysafe.bind_role_to_tenant(p_role => %s, p_tenant_id => %s)",
-                  (role, tenant))
 
 
 def sqlstate(c: Conn, query: str, params: Any = None) -> str | None:
