@@ -59,12 +59,11 @@ INSERT INTO replaysafe.installation (key_secret)
 VALUES (decode(replace(gen_random_uuid()::text || gen_random_uuid()::text, '-', ''), 'hex'));
 
 -- ---------------------------------------------------------------------------------------
--- Who is calling. Inside a SECURITY DEFINER function current_user is the owner, so the
--- caller is read from the session: the role set by SET ROLE, else the login (session_user).
--- A session's tenant is its current role's binding, else its login's: SET ROLE to an
--- unbound role (a group role, say) never widens what a bound login may see or do.
--- Only a caller with no binding at all may act for every tenant (the schema owner) or read
--- every tenant (the owner and replaysafe_auditor members).
+-- Who is calling a function. Inside a SECURITY DEFINER function current_user is the owner,
+-- so the functions read the caller from the session: the role set by SET ROLE, else the
+-- login (session_user). A session's tenant is its current role's binding, else its
+-- login's: SET ROLE to an unbound role (a group role, say) never widens what a bound login
+-- may see or do.
 -- ---------------------------------------------------------------------------------------
 
 CREATE VIEW replaysafe._caller AS
@@ -75,21 +74,6 @@ SELECT r.role_name,
 FROM (SELECT CASE WHEN current_setting('role') = 'none' THEN session_user::text
                   ELSE current_setting('role') END AS role_name,
              session_user::text AS login_name) r;
-
--- The caller's scope, for the views, sweeps and purges: an unbound caller acts for every
--- tenant when it is a member of the schema owner, and reads every tenant when it is also,
--- or instead, a member of replaysafe_auditor. (Kept apart from _caller: the functions' hot
--- path needs only the tenant, and every node of a query costs at each execution.)
-CREATE VIEW replaysafe._caller_scope AS
-SELECT c.role_name, c.tenant_id,
-       CASE WHEN c.tenant_id IS NOT NULL THEN false
-            ELSE pg_has_role(c.role_name, n.nspowner, 'USAGE') END AS acts_for_all,
-       CASE WHEN c.tenant_id IS NOT NULL THEN false
-            WHEN pg_has_role(c.role_name, n.nspowner, 'USAGE') THEN true
-            ELSE EXISTS (SELECT 1 FROM pg_roles r WHERE r.rolname = 'replaysafe_auditor'
-                         AND pg_has_role(c.role_name, r.oid, 'USAGE')) END AS reads_all
-FROM replaysafe._caller c, pg_namespace n
-WHERE n.nspname = 'replaysafe';
 
 -- ---------------------------------------------------------------------------------------
 -- Private helpers (SECURITY INVOKER: only the definer functions, running as the owner,
@@ -140,15 +124,86 @@ BEGIN
 END
 $$;
 
--- Slow path of the time checks: p_now is NULL, not finite, outside the years a client can
--- represent, or more than 5 minutes from the database clock. Only the schema owner and
--- replaysafe_operator members may move time; a worker cannot expire or re-claim another
--- caller's lease with a p_now in the future.
-CREATE FUNCTION replaysafe._check_now(p_now timestamptz)
-RETURNS void
+-- Is p_role the group p_group or a member of it, by explicit grants (pg_auth_members)?
+-- Unlike pg_has_role(), a superuser is not a member of every role: an unbound superuser
+-- that is not the schema owner acts for no tenant.
+CREATE FUNCTION replaysafe._is_member(p_role text, p_group oid)
+RETURNS boolean
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH RECURSIVE m(roleid) AS (
+        SELECT p_group
+        UNION
+        SELECT a.member FROM pg_auth_members a JOIN m ON a.roleid = m.roleid
+    )
+    SELECT EXISTS (SELECT 1 FROM m JOIN pg_roles r ON r.oid = m.roleid WHERE r.rolname = p_role)
+$$;
+
+-- Are we inside a security-restricted operation (an index expression, ANALYZE, REINDEX,
+-- REFRESH MATERIALIZED VIEW, autovacuum)? There the code that runs is the table owner's,
+-- while the session's roles (what the functions read) may be a superuser's: a worker's
+-- index expression, analyzed by autovacuum, must not act with the session's rights.
+-- Postgres refuses DEALLOCATE there (42501) and says a statement does not exist elsewhere.
+CREATE FUNCTION replaysafe._in_restricted_operation()
+RETURNS boolean
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
+BEGIN
+    EXECUTE 'DEALLOCATE replaysafe_probe_no_such_statement';
+    RETURN false;  -- only if someone prepared a statement of that name
+EXCEPTION
+    WHEN insufficient_privilege THEN RETURN true;
+    WHEN invalid_sql_statement_name THEN RETURN false;
+END
+$$;
+
+-- The caller's wider rights, for the functions (never needed on a bound caller's hot path).
+-- It is the owner when it is the schema owner or an explicit member of it, and not inside a
+-- security-restricted operation; unbound, the owner acts for every tenant; the owner and
+-- replaysafe_operator members may pass a p_now far from the clock.
+CREATE VIEW replaysafe._caller_scope AS
+SELECT c.role_name, c.tenant_id, o.is_owner,
+       c.tenant_id IS NULL AND o.is_owner AS acts_for_all,
+       o.is_owner OR (NOT o.restricted AND replaysafe._is_member(c.role_name, op.oid)) AS may_move_time
+FROM replaysafe._caller c
+CROSS JOIN LATERAL (
+    SELECT r.restricted, NOT r.restricted AND replaysafe._is_member(c.role_name, n.nspowner) AS is_owner
+    FROM (SELECT replaysafe._in_restricted_operation() AS restricted) r, pg_namespace n
+    WHERE n.nspname = 'replaysafe') o
+LEFT JOIN pg_roles op ON op.rolname = 'replaysafe_operator';
+
+-- Who is reading a view: a view does not switch user, so current_user is the reader (in a
+-- security-restricted operation, the code's owner, not the session's login). Its tenant is
+-- its binding, else its login's; unbound, it reads every tenant when it is a member of the
+-- schema owner or of replaysafe_auditor. (Pure SQL: a view may call no private helper.)
+CREATE VIEW replaysafe._reader AS
+SELECT r.tenant_id,
+       CASE WHEN r.tenant_id IS NOT NULL THEN false
+            ELSE pg_has_role(current_user, n.nspowner, 'USAGE')
+                 OR EXISTS (SELECT 1 FROM pg_roles a WHERE a.rolname = 'replaysafe_auditor'
+                            AND pg_has_role(current_user, a.oid, 'USAGE')) END AS reads_all
+FROM (SELECT coalesce(
+          (SELECT b.tenant_id FROM replaysafe.role_bindings b WHERE b.role_name = current_user::text),
+          (SELECT b.tenant_id FROM replaysafe.role_bindings b WHERE b.role_name = session_user::text))
+          AS tenant_id) r,
+     pg_namespace n
+WHERE n.nspname = 'replaysafe';
+
+-- Slow path of the time checks: p_now is NULL, not finite, outside the years a client can
+-- represent, in the future, or more than 5 minutes before the database clock. Returns the
+-- time the call uses. Only the schema owner and replaysafe_operator members may move time:
+-- from anyone else a time more than 5 minutes away is refused, and a time in the future
+-- (within those 5 minutes: client clocks drift) is taken as the clock, so a worker can never
+-- expire or re-claim another caller's lease early.
+CREATE FUNCTION replaysafe._check_now(p_now timestamptz)
+RETURNS timestamptz
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_clock timestamptz := clock_timestamp();
 BEGIN
     IF p_now IS NULL THEN
         PERFORM replaysafe._invalid('p_now', 'must not be NULL (omit it for the database clock)');
@@ -157,23 +212,24 @@ BEGIN
         PERFORM replaysafe._invalid('p_now', format(
             'must be a finite time between the years 1900 and 9999 (got %s)', p_now));
     END IF;
-    IF p_now BETWEEN clock_timestamp() - interval '5 minutes' AND clock_timestamp() + interval '5 minutes' THEN
-        RETURN;
+    IF p_now <= v_clock AND p_now >= v_clock - interval '5 minutes' THEN
+        RETURN p_now;
     END IF;
-    IF NOT EXISTS (
-        SELECT 1 FROM replaysafe._caller_scope c
-        WHERE c.acts_for_all
-           OR EXISTS (SELECT 1 FROM pg_roles r WHERE r.rolname = 'replaysafe_operator'
-                      AND pg_has_role(c.role_name, r.oid, 'USAGE'))) THEN
-        PERFORM replaysafe._invalid('p_now',
-            'must lie within 5 minutes of the database clock (only the schema owner and '
-            'replaysafe_operator members may pass another time)');
+    IF EXISTS (SELECT 1 FROM replaysafe._caller_scope c WHERE c.may_move_time) THEN
+        RETURN p_now;
     END IF;
+    IF p_now BETWEEN v_clock - interval '5 minutes' AND v_clock + interval '5 minutes' THEN
+        RETURN v_clock;
+    END IF;
+    PERFORM replaysafe._invalid('p_now',
+        'must lie within 5 minutes of the database clock (only the schema owner and '
+        'replaysafe_operator members may pass another time)');
+    RETURN NULL;
 END
 $$;
 
 -- RS004 unless the caller may act for p_tenant_id: its own tenant when bound; any tenant
--- for an unbound member of the schema owner; nothing for anyone else.
+-- for the unbound schema owner (see _caller_scope); nothing for anyone else.
 CREATE FUNCTION replaysafe._acts_for(p_tenant_id text)
 RETURNS void
 LANGUAGE plpgsql STABLE
@@ -181,9 +237,8 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_tenant text;
-    v_role   text;
 BEGIN
-    SELECT c.tenant_id, c.role_name INTO v_tenant, v_role FROM replaysafe._caller c;
+    SELECT c.tenant_id INTO v_tenant FROM replaysafe._caller c;
     IF v_tenant = p_tenant_id THEN
         RETURN;
     END IF;
@@ -228,6 +283,10 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
+    -- EXECUTE is the owner's alone; a default privilege granted by mistake must not open it.
+    IF NOT EXISTS (SELECT 1 FROM replaysafe._caller_scope c WHERE c.is_owner) THEN
+        PERFORM replaysafe._raise('RS004', 'access denied: only the schema owner binds roles');
+    END IF;
     IF p_role IS NULL OR NOT EXISTS (SELECT 1 FROM pg_roles r WHERE r.rolname = p_role) THEN
         PERFORM replaysafe._invalid('p_role', 'must name an existing role');
     END IF;
@@ -245,6 +304,9 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
+    IF NOT EXISTS (SELECT 1 FROM replaysafe._caller_scope c WHERE c.is_owner) THEN
+        PERFORM replaysafe._raise('RS004', 'access denied: only the schema owner binds roles');
+    END IF;
     IF p_role IS NULL THEN
         PERFORM replaysafe._invalid('p_role', 'must not be NULL');
     END IF;
@@ -296,15 +358,16 @@ BEGIN
     IF p_request IS NULL OR jsonb_typeof(p_request) <> 'object' THEN
         PERFORM replaysafe._invalid('p_request', 'must be a JSON object');
     END IF;
-    IF p_lease IS NULL OR p_lease <= interval '0' OR p_lease > interval '7 days' THEN
+    -- No month part: '1 month -23 days' compares as 7 days but lasts 8 in a 31-day month.
+    IF p_lease IS NULL OR p_lease <= interval '0' OR p_lease > interval '7 days'
+       OR date_part('month', p_lease) <> 0 OR date_part('year', p_lease) <> 0 THEN
         PERFORM replaysafe._invalid('p_lease', 'must be a positive interval of at most 7 days');
     END IF;
     IF p_on_expired IS NULL OR p_on_expired NOT IN ('unknown', 'reclaim') THEN
         PERFORM replaysafe._invalid('p_on_expired', 'must be ''unknown'' or ''reclaim''');
     END IF;
-    IF (p_now BETWEEN clock_timestamp() - interval '5 minutes'
-                  AND clock_timestamp() + interval '5 minutes') IS NOT TRUE THEN
-        PERFORM replaysafe._check_now(p_now);
+    IF (p_now BETWEEN clock_timestamp() - interval '5 minutes' AND clock_timestamp()) IS NOT TRUE THEN
+        p_now := replaysafe._check_now(p_now);
     END IF;
     PERFORM replaysafe._acts_for(p_tenant_id);
 
@@ -425,7 +488,9 @@ BEGIN
     SET outcome = 'unknown', ended_at = p_now,
         error = jsonb_build_object('reason', 'lease_expired', 'lease_expires_at', a.lease_expires_at)
     WHERE t.tenant_id = a.tenant_id AND t.action_key = a.action_key AND t.attempt = a.attempt;
-    IF a.has_waiters THEN
+    -- A NOTIFY fails at commit once the queue is full (any role can fill it): then the
+    -- waiters claim again by the lease, as they would for a dead owner.
+    IF a.has_waiters AND pg_notification_queue_usage() < 0.5 THEN
         PERFORM pg_notify('replaysafe_actions', a.idempotency_key);
     END IF;
 END
@@ -500,12 +565,13 @@ BEGIN
     IF p_attempt IS NULL OR p_attempt < 1 THEN
         PERFORM replaysafe._invalid('p_attempt', 'must be a positive attempt number');
     END IF;
-    IF p_lease IS NULL OR p_lease <= interval '0' OR p_lease > interval '7 days' THEN
+    -- No month part: '1 month -23 days' compares as 7 days but lasts 8 in a 31-day month.
+    IF p_lease IS NULL OR p_lease <= interval '0' OR p_lease > interval '7 days'
+       OR date_part('month', p_lease) <> 0 OR date_part('year', p_lease) <> 0 THEN
         PERFORM replaysafe._invalid('p_lease', 'must be a positive interval of at most 7 days');
     END IF;
-    IF (p_now BETWEEN clock_timestamp() - interval '5 minutes'
-                  AND clock_timestamp() + interval '5 minutes') IS NOT TRUE THEN
-        PERFORM replaysafe._check_now(p_now);
+    IF (p_now BETWEEN clock_timestamp() - interval '5 minutes' AND clock_timestamp()) IS NOT TRUE THEN
+        p_now := replaysafe._check_now(p_now);
     END IF;
     PERFORM replaysafe._acts_for(p_tenant_id);
 
@@ -556,9 +622,8 @@ BEGIN
     IF p_attempt IS NULL OR p_attempt < 1 THEN
         PERFORM replaysafe._invalid('p_attempt', 'must be a positive attempt number');
     END IF;
-    IF (p_now BETWEEN clock_timestamp() - interval '5 minutes'
-                  AND clock_timestamp() + interval '5 minutes') IS NOT TRUE THEN
-        PERFORM replaysafe._check_now(p_now);
+    IF (p_now BETWEEN clock_timestamp() - interval '5 minutes' AND clock_timestamp()) IS NOT TRUE THEN
+        p_now := replaysafe._check_now(p_now);
     END IF;
     PERFORM replaysafe._acts_for(p_tenant_id);
 
@@ -573,7 +638,7 @@ BEGIN
     RETURNING x.has_waiters, x.idempotency_key INTO a.has_waiters, a.idempotency_key;
     IF FOUND THEN
         v_outcome := 'recorded';
-        IF a.has_waiters THEN
+        IF a.has_waiters AND pg_notification_queue_usage() < 0.5 THEN  -- see _expire_attempt
             PERFORM pg_notify('replaysafe_actions', a.idempotency_key);
         END IF;
     ELSE
@@ -726,9 +791,8 @@ BEGIN
     IF p_expected_attempt < 1 THEN
         PERFORM replaysafe._invalid('p_expected_attempt', 'must be a positive attempt number');
     END IF;
-    IF (p_now BETWEEN clock_timestamp() - interval '5 minutes'
-                  AND clock_timestamp() + interval '5 minutes') IS NOT TRUE THEN
-        PERFORM replaysafe._check_now(p_now);
+    IF (p_now BETWEEN clock_timestamp() - interval '5 minutes' AND clock_timestamp()) IS NOT TRUE THEN
+        p_now := replaysafe._check_now(p_now);
     END IF;
     PERFORM replaysafe._acts_for(p_tenant_id);
     v_state := p_state::replaysafe.action_state;
@@ -778,9 +842,8 @@ BEGIN
     IF p_note IS NULL OR p_note = '' THEN
         PERFORM replaysafe._invalid('p_note', 'must say why the action may run again');
     END IF;
-    IF (p_now BETWEEN clock_timestamp() - interval '5 minutes'
-                  AND clock_timestamp() + interval '5 minutes') IS NOT TRUE THEN
-        PERFORM replaysafe._check_now(p_now);
+    IF (p_now BETWEEN clock_timestamp() - interval '5 minutes' AND clock_timestamp()) IS NOT TRUE THEN
+        p_now := replaysafe._check_now(p_now);
     END IF;
     PERFORM replaysafe._acts_for(p_tenant_id);
 
@@ -822,9 +885,8 @@ BEGIN
     IF p_limit IS NULL OR p_limit < 1 THEN
         PERFORM replaysafe._invalid('p_limit', 'must be a positive integer');
     END IF;
-    IF (p_now BETWEEN clock_timestamp() - interval '5 minutes'
-                  AND clock_timestamp() + interval '5 minutes') IS NOT TRUE THEN
-        PERFORM replaysafe._check_now(p_now);
+    IF (p_now BETWEEN clock_timestamp() - interval '5 minutes' AND clock_timestamp()) IS NOT TRUE THEN
+        p_now := replaysafe._check_now(p_now);
     END IF;
     SELECT c.tenant_id, c.acts_for_all INTO v_tenant, v_all FROM replaysafe._caller_scope c;
     IF v_tenant IS NULL AND NOT v_all THEN
@@ -859,7 +921,9 @@ BEGIN
     INTO v_count, v_keys
     FROM due d;
 
-    PERFORM pg_notify('replaysafe_actions', k) FROM unnest(v_keys) AS k;
+    IF pg_notification_queue_usage() < 0.5 THEN  -- see _expire_attempt
+        PERFORM pg_notify('replaysafe_actions', k) FROM unnest(v_keys) AS k;
+    END IF;
     RETURN coalesce(v_count, 0);
 END
 $$;
@@ -888,9 +952,8 @@ BEGIN
     IF p_limit IS NULL OR p_limit < 1 THEN
         PERFORM replaysafe._invalid('p_limit', 'must be a positive integer');
     END IF;
-    IF (p_now BETWEEN clock_timestamp() - interval '5 minutes'
-                  AND clock_timestamp() + interval '5 minutes') IS NOT TRUE THEN
-        PERFORM replaysafe._check_now(p_now);
+    IF (p_now BETWEEN clock_timestamp() - interval '5 minutes' AND clock_timestamp()) IS NOT TRUE THEN
+        p_now := replaysafe._check_now(p_now);
     END IF;
     SELECT c.tenant_id, c.acts_for_all INTO v_tenant, v_all FROM replaysafe._caller_scope c;
     IF v_tenant IS NULL AND NOT v_all THEN
@@ -1210,15 +1273,15 @@ SELECT x.tenant_id, x.action_key, x.thread_id, x.operation, x.state, x.attempt, 
        x.idempotency_key, x.request, x.result, x.error, x.provider_reference, x.lease_expires_at,
        x.created_at, x.updated_at, x.completed_at, x.worker_id, x.resolution_note, x.resolved_at
 FROM replaysafe.actions x
-WHERE x.tenant_id = (SELECT c.tenant_id FROM replaysafe._caller c)
-   OR (SELECT c.reads_all FROM replaysafe._caller_scope c);
+WHERE x.tenant_id = (SELECT r.tenant_id FROM replaysafe._reader r)
+   OR (SELECT r.reads_all FROM replaysafe._reader r);
 
 CREATE VIEW replaysafe.action_attempts_v WITH (security_barrier = true) AS
 SELECT t.tenant_id, t.action_key, t.attempt, t.worker_id, t.claimed_at, t.ended_at, t.outcome,
        t.superseded, t.error, t.result, t.provider_reference
 FROM replaysafe.action_attempts t
-WHERE t.tenant_id = (SELECT c.tenant_id FROM replaysafe._caller c)
-   OR (SELECT c.reads_all FROM replaysafe._caller_scope c);
+WHERE t.tenant_id = (SELECT r.tenant_id FROM replaysafe._reader r)
+   OR (SELECT r.reads_all FROM replaysafe._reader r);
 
 CREATE VIEW replaysafe.unresolved_actions WITH (security_barrier = true) AS
 SELECT x.tenant_id, x.action_key, x.operation, x.state, x.lease_expires_at,
@@ -1226,16 +1289,16 @@ SELECT x.tenant_id, x.action_key, x.operation, x.state, x.lease_expires_at,
        x.thread_id, x.created_at, x.updated_at
 FROM replaysafe.actions x
 WHERE (x.state = 'unknown' OR (x.state = 'running' AND x.lease_expires_at <= now()))
-  AND (x.tenant_id = (SELECT c.tenant_id FROM replaysafe._caller c)
-       OR (SELECT c.reads_all FROM replaysafe._caller_scope c));
+  AND (x.tenant_id = (SELECT r.tenant_id FROM replaysafe._reader r)
+       OR (SELECT r.reads_all FROM replaysafe._reader r));
 
 CREATE VIEW replaysafe.multi_effect_actions WITH (security_barrier = true) AS
 SELECT t.tenant_id, t.action_key, a.operation, count(*) AS successful_attempts
 FROM replaysafe.action_attempts t
 JOIN replaysafe.actions a ON a.tenant_id = t.tenant_id AND a.action_key = t.action_key
 WHERE t.outcome = 'succeeded'
-  AND (t.tenant_id = (SELECT c.tenant_id FROM replaysafe._caller c)
-       OR (SELECT c.reads_all FROM replaysafe._caller_scope c))
+  AND (t.tenant_id = (SELECT r.tenant_id FROM replaysafe._reader r)
+       OR (SELECT r.reads_all FROM replaysafe._reader r))
 GROUP BY t.tenant_id, t.action_key, a.operation
 HAVING count(*) > 1;
 
@@ -1247,8 +1310,8 @@ SELECT t.tenant_id, t.thread_id, t.user_id, t.version, t.deleted, v.state, t.his
 FROM replaysafe.threads t
 LEFT JOIN replaysafe.thread_versions v
        ON v.tenant_id = t.tenant_id AND v.thread_id = t.thread_id AND v.version = t.version
-WHERE t.tenant_id = (SELECT c.tenant_id FROM replaysafe._caller c)
-   OR (SELECT c.reads_all FROM replaysafe._caller_scope c);
+WHERE t.tenant_id = (SELECT r.tenant_id FROM replaysafe._reader r)
+   OR (SELECT r.reads_all FROM replaysafe._reader r);
 
 -- ---------------------------------------------------------------------------------------
 -- Privileges. Row-level security stays enabled with no policy on every table: should a
@@ -1263,9 +1326,28 @@ ALTER TABLE replaysafe.action_attempts ENABLE ROW LEVEL SECURITY;
 ALTER TABLE replaysafe.threads ENABLE ROW LEVEL SECURITY;
 ALTER TABLE replaysafe.thread_versions ENABLE ROW LEVEL SECURITY;
 
+-- Every privilege but the owner's goes first, whoever granted it (PUBLIC's default EXECUTE
+-- on functions, and what ALTER DEFAULT PRIVILEGES may have added); then the grants below.
 REVOKE ALL ON SCHEMA replaysafe FROM PUBLIC;
-REVOKE ALL ON ALL TABLES IN SCHEMA replaysafe FROM PUBLIC;
-REVOKE ALL ON ALL FUNCTIONS IN SCHEMA replaysafe FROM PUBLIC;
+DO $revoke$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN
+        SELECT DISTINCT 'FUNCTION ' || p.oid::regprocedure::text AS object, a.grantee
+        FROM pg_proc p, aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a
+        WHERE p.pronamespace = 'replaysafe'::regnamespace AND a.grantee <> p.proowner
+        UNION
+        SELECT DISTINCT 'TABLE ' || c.oid::regclass::text, a.grantee
+        FROM pg_class c, aclexplode(c.relacl) a
+        WHERE c.relnamespace = 'replaysafe'::regnamespace AND c.relkind IN ('r', 'v', 'p', 'm', 'S')
+          AND a.grantee <> c.relowner
+    LOOP
+        EXECUTE format('REVOKE ALL ON %s FROM %s', r.object,
+                       CASE WHEN r.grantee = 0 THEN 'PUBLIC' ELSE r.grantee::regrole::text END);
+    END LOOP;
+END
+$revoke$;
 
 DO $grants$
 DECLARE
