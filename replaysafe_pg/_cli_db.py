@@ -18,6 +18,7 @@ from typing import Any
 import psycopg
 
 from replaysafe_pg import embedded, schema
+from replaysafe_pg._conn import pinned
 
 
 class ConnectError(Exception):
@@ -72,7 +73,7 @@ class Database:
     def connect(self, **kwargs: Any) -> psycopg.Connection[Any]:
         dsn = self.dsn()
         try:
-            return psycopg.connect(dsn, autocommit=True, **kwargs)
+            return psycopg.connect(pinned(dsn), autocommit=True, **kwargs)
         except psycopg.Error as exc:
             raise ConnectError(f"cannot connect to the database: {first_line(exc)}") from exc
 

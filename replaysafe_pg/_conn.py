@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any, LiteralString, TypeAlias
 
 import psycopg
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.pq import ExecStatus, TransactionStatus
 from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
@@ -36,6 +36,19 @@ log = logging.getLogger("replaysafe_pg")
 
 def _usable(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any] | None) -> bool:
     return conn is not None and not conn.closed and not conn.broken
+
+
+# Every connection the package opens itself resolves names in pg_catalog first: on a
+# session whose search_path puts public first, an exact-typed overload planted there (say
+# public.cardinality(text[]) or an "=" on our enum) would beat a polymorphic built-in in our
+# queries and run with the connecting role's rights (the CVE-2018-1058 class).
+PINNED_SEARCH_PATH = "-c search_path=pg_catalog,pg_temp"
+
+
+def pinned(conninfo: str) -> str:
+    """``conninfo`` with the search_path of our own connections pinned (other options kept)."""
+    options = str(conninfo_to_dict(conninfo).get("options") or "").strip()
+    return make_conninfo(conninfo, options=f"{options} {PINNED_SEARCH_PATH}".strip())
 
 
 def _full_conninfo(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> str:
@@ -126,9 +139,9 @@ class SyncSource:
         """A new autocommit connection of our own: from the DSN, or, given a connection, to
         the same database as that one."""
         if self.dsn is not None:
-            return psycopg.connect(self.dsn, autocommit=True)
+            return psycopg.connect(pinned(self.dsn), autocommit=True)
         assert self._given is not None
-        return psycopg.connect(_full_conninfo(self._given), autocommit=True)
+        return psycopg.connect(pinned(_full_conninfo(self._given)), autocommit=True)
 
     def outlives(self, conn: psycopg.Connection[Any]) -> bool:
         """Is ``conn`` (from :meth:`dedicated`) used again afterwards: pooled, or the given
@@ -209,9 +222,10 @@ class AsyncSource:
     async def connect(self) -> psycopg.AsyncConnection[Any]:
         """See :meth:`SyncSource.connect`."""
         if self.dsn is not None:
-            return await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
+            return await psycopg.AsyncConnection.connect(pinned(self.dsn), autocommit=True)
         assert self._given is not None
-        return await psycopg.AsyncConnection.connect(_full_conninfo(self._given), autocommit=True)
+        return await psycopg.AsyncConnection.connect(pinned(_full_conninfo(self._given)),
+                                                     autocommit=True)
 
     def outlives(self, conn: psycopg.AsyncConnection[Any]) -> bool:
         """See :meth:`SyncSource.outlives`."""

@@ -11,6 +11,7 @@ import itertools
 import re
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -19,6 +20,7 @@ from _db_helpers import bind, connect_as
 from psycopg import sql
 
 Conn = psycopg.Connection[Any]
+ROOT = Path(__file__).resolve().parent.parent
 MakeRole = Callable[..., str]
 
 TABLES = ("actions", "action_attempts", "role_bindings", "installation", "threads",
@@ -455,6 +457,7 @@ def test_operator_settles_reopens_and_purges_its_tenant_only(world: str,
 
 @pytest.mark.parametrize("args", [
     "p_lease => 'infinity'", "p_lease => '100000 years'", "p_lease => '8 days'",
+    "p_lease => '1 month -23 days'",
     "p_lease => '-1 second'", "p_now => 'infinity'", "p_now => '-infinity'",
     "p_now => '4713-01-01 BC'", "p_now => NULL",
 ])
@@ -535,3 +538,157 @@ def test_a_guessed_pair_cannot_be_confirmed_from_keys_or_payloads(world: str,
     assert first[0].startswith("rs2_") and len(first[0]) == 68  # type: ignore[index]
     with psycopg.connect(world) as owner:  # the owner's function derives the same key
         assert owner.execute("SELECT replaysafe.idempotency_key('A', 'guess')").fetchone() == first
+
+
+# --- found by the attacker's review of revision 0003 -------------------------------------------
+
+SRO_BAIT = """
+CREATE TABLE public.loot (what text, got text);
+GRANT INSERT ON public.loot TO PUBLIC;
+CREATE FUNCTION public.steal() RETURNS int LANGUAGE plpgsql AS $f$
+BEGIN
+    INSERT INTO public.loot SELECT 'read', pg_catalog.string_agg(DISTINCT tenant_id, ',')
+                            FROM replaysafe.actions_v;
+    BEGIN
+        INSERT INTO public.loot SELECT 'complete', replaysafe.complete_action(
+            p_tenant_id => 'B', p_action_key => 'live', p_attempt => 1, p_result => '{"forged": 1}');
+    EXCEPTION WHEN OTHERS THEN
+        INSERT INTO public.loot VALUES ('complete', 'refused ' || SQLSTATE);
+    END;
+    RETURN 1;
+END $f$;
+CREATE FUNCTION public.idx_f(int) RETURNS int LANGUAGE plpgsql IMMUTABLE AS
+    $f$ BEGIN IF $1 = 0 THEN PERFORM public.steal(); END IF; RETURN $1; END $f$;
+CREATE TABLE public.bait (i int);
+INSERT INTO public.bait VALUES (1), (0);
+"""
+
+
+def test_a_workers_index_expression_run_by_a_superuser_acts_as_the_worker(
+        world: str, make_role: MakeRole) -> None:
+    """Autovacuum (or a superuser's ANALYZE / REINDEX) runs a table owner's index expression
+    in the superuser's session: the functions must not act with that session's rights."""
+    attacker = make_role("replaysafe_worker")
+    bind(world, attacker, "A")
+    with psycopg.connect(world, autocommit=True) as owner:
+        owner.execute(f'GRANT CREATE ON SCHEMA public TO "{attacker}"')
+    try:
+        with connect_as(world, attacker) as c:
+            c.execute(SRO_BAIT)
+            c.execute("CREATE INDEX bait_idx ON public.bait (public.idx_f(i))")  # its own run
+        with psycopg.connect(world, autocommit=True) as owner:  # the superuser's maintenance
+            owner.execute("DELETE FROM public.loot")
+            owner.execute("ANALYZE public.bait")
+            owner.execute("REINDEX TABLE public.bait")
+            loot = owner.execute("SELECT what, got FROM public.loot ORDER BY 1, 2").fetchall()
+        assert ("read", "A") in loot and ("complete", "refused RS004") in loot, loot
+        assert {got for what, got in loot if what == "read"} == {"A"}
+        assert {got for what, got in loot if what == "complete"} == {"refused RS004"}
+        assert owner_rows(world, "SELECT state::text, result FROM replaysafe.actions "
+                                 "WHERE tenant_id = 'B' AND action_key = 'live'") == [("running", None)]
+    finally:
+        with psycopg.connect(world, autocommit=True) as owner:
+            owner.execute(f'DROP OWNED BY "{attacker}" CASCADE')
+
+
+def test_a_workers_future_time_cannot_take_a_live_lease(world: str, worker_a: Conn) -> None:
+    honest = worker_a.execute(
+        "SELECT outcome, attempt FROM replaysafe.claim_action(p_tenant_id => 'A', p_action_key => 'pay', "
+        "p_operation => 'pay', p_request => '{}', p_worker_id => 'honest', "
+        "p_on_expired => 'reclaim')").fetchone()
+    assert honest == ("claimed", 1)
+    soon = datetime.now(UTC) + timedelta(minutes=4, seconds=59)  # inside the 5-minute window
+    hostile = worker_a.execute(
+        "SELECT outcome, attempt FROM replaysafe.claim_action(p_tenant_id => 'A', p_action_key => 'pay', "
+        "p_operation => 'pay', p_request => '{}', p_worker_id => 'hostile', "
+        "p_on_expired => 'reclaim', p_now => %s)", (soon,)).fetchone()
+    assert hostile == ("running", 1)
+    assert worker_a.execute("SELECT replaysafe.sweep_expired_actions(p_now => %s)",
+                            (soon,)).fetchone() == (0,)
+    worker_a.execute("SELECT replaysafe.heartbeat_action(p_tenant_id => 'A', p_action_key => 'pay', "
+                     "p_attempt => 1)")  # the honest worker still holds it
+
+
+def test_default_privileges_open_nothing(empty_dsn: str, make_role: MakeRole) -> None:
+    app = make_role()
+    with psycopg.connect(empty_dsn, autocommit=True) as owner:
+        for grant in ("EXECUTE ON FUNCTIONS", "SELECT, INSERT, UPDATE, DELETE ON TABLES"):
+            owner.execute(f'ALTER DEFAULT PRIVILEGES GRANT {grant} TO "{app}"')
+            owner.execute(f'ALTER DEFAULT PRIVILEGES IN SCHEMA public GRANT {grant} TO "{app}"')
+    try:
+        import replaysafe_pg
+
+        replaysafe_pg.migrate(empty_dsn)
+        with psycopg.connect(empty_dsn) as owner:
+            granted = owner.execute(
+                "SELECT p.oid::regprocedure::text FROM pg_proc p "
+                "WHERE p.pronamespace = 'replaysafe'::regnamespace "
+                "AND has_function_privilege(%s, p.oid, 'EXECUTE')", (app,)).fetchall()
+            tables = owner.execute(
+                "SELECT c.relname::text FROM pg_class c WHERE c.relnamespace = "
+                "'replaysafe'::regnamespace AND c.relkind = 'r' "
+                "AND has_table_privilege(%s, c.oid, 'SELECT')", (app,)).fetchall()
+        assert granted == [] and tables == []
+        with connect_as(empty_dsn, app) as c:
+            assert sqlstate(c, "SELECT replaysafe.bind_role_to_tenant(p_role => current_user, "
+                               "p_tenant_id => 'victim')") == "42501"
+    finally:
+        with psycopg.connect(empty_dsn, autocommit=True) as owner:
+            for grant in ("EXECUTE ON FUNCTIONS", "SELECT, INSERT, UPDATE, DELETE ON TABLES"):
+                owner.execute(f'ALTER DEFAULT PRIVILEGES REVOKE {grant} FROM "{app}"')
+                owner.execute(f'ALTER DEFAULT PRIVILEGES IN SCHEMA public REVOKE {grant} FROM "{app}"')
+
+
+def test_binding_is_the_owners_even_with_execute_granted_by_mistake(world: str,
+                                                                   worker_a: Conn) -> None:
+    with psycopg.connect(world, autocommit=True) as owner:
+        owner.execute("GRANT EXECUTE ON FUNCTION replaysafe.bind_role_to_tenant(text, text), "
+                      "replaysafe.unbind_role(text) TO replaysafe_worker")
+    assert sqlstate(worker_a, "SELECT replaysafe.bind_role_to_tenant(p_role => current_user, "
+                              "p_tenant_id => 'B')") == "RS004"
+    assert sqlstate(worker_a, "SELECT replaysafe.unbind_role(p_role => current_user)") == "RS004"
+
+
+def test_the_cli_and_the_driver_never_resolve_through_a_hostile_search_path(
+        world: str, make_role: MakeRole) -> None:
+    from _cli_helpers import run
+
+    from replaysafe_pg import Ledger, Threads
+
+    attacker = make_role("replaysafe_worker")
+    with psycopg.connect(world, autocommit=True) as owner:
+        owner.execute(f'GRANT CREATE ON SCHEMA public TO "{attacker}"')
+        owner.execute(f'GRANT USAGE ON TYPE replaysafe.action_state TO "{attacker}"')
+    text = "\n".join((ROOT / "sql" / f).read_text() for f in ("cli.sql", "queries.sql"))
+    names = {m.group(1).lower() for m in re.finditer(r"([a-z_][a-z0-9_]*)\s*\(", text, re.IGNORECASE)}
+    try:
+        assert {"cardinality", "unnest", "count", "now"} <= names
+        with connect_as(world, attacker) as c:
+            plant_overloads(c, names)
+            c.execute("CREATE FUNCTION public.state_eq(a replaysafe.action_state, "
+                      "b replaysafe.action_state) RETURNS boolean LANGUAGE plpgsql AS $f$ BEGIN "
+                      "INSERT INTO public.hijacked VALUES ('enum =', current_user); RETURN true; "
+                      "END $f$")
+            c.execute("CREATE OPERATOR public.= (LEFTARG = replaysafe.action_state, "
+                      "RIGHTARG = replaysafe.action_state, FUNCTION = public.state_eq)")
+        # The owner's own session would fall into the trap (its search_path puts public first).
+        with psycopg.connect(world, autocommit=True) as owner:
+            owner.execute("SELECT count(*) FROM pg_catalog.unnest(ARRAY['a']) WHERE "
+                          "public.cardinality(ARRAY['x']) IS NULL")
+            assert owner.execute("SELECT pg_catalog.count(*) FROM public.hijacked").fetchone() == (1,)
+            owner.execute("DELETE FROM public.hijacked")
+        for args in (("doctor",), ("actions", "list", "--state", "running"), ("audit",),
+                     ("actions", "show", "done", "--tenant", "A"),
+                     ("threads", "show", "mine", "--tenant", "A", "--user", "alice"),
+                     ("purge", "--older-than", "1000d"), ("sweep",)):
+            run(*args, dsn=world)
+        with Ledger(world, tenant_id="A") as led, Threads(world, tenant_id="A", user_id="alice") as th:
+            led.claim("k", "op", {})
+            assert led.get("done") is not None and led.attempts("done")
+            th.read("mine")
+        with psycopg.connect(world, autocommit=True) as owner:
+            assert owner.execute("SELECT name FROM public.hijacked").fetchall() == []
+    finally:
+        with psycopg.connect(world, autocommit=True) as owner:
+            owner.execute("DROP TABLE IF EXISTS public.hijacked CASCADE")
+            owner.execute(f'DROP OWNED BY "{attacker}" CASCADE')
