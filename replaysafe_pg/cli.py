@@ -313,6 +313,7 @@ def doctor(ctx: click.Context, conn: psycopg.Connection[Any]) -> None:
     counts: dict[str, int] = {}
     if current is not None:
         checks += _schema_object_checks(_rows(conn, "schema_objects"))
+        checks.append(_privilege_check(_rows(conn, "schema_privileges")))
         for table in _rows(conn, "table_rls"):
             checks.append({"check": f"row-level security on {table['table_name']}",
                            "ok": table["rls_enabled"],
@@ -358,6 +359,26 @@ def _schema_object_checks(objects: list[dict[str, Any]]) -> list[dict[str, Any]]
         {"check": "functions pin search_path", "ok": not unpinned,
          "detail": "yes" if not unpinned else "NOT pinned: " + ", ".join(unpinned)},
     ]
+
+
+# What the migration grants (sql/schema.sql): EXECUTE on the public functions of each duty,
+# SELECT on the public views to the three group roles; nothing else to anyone.
+_GROUP_ROLES = {"replaysafe_worker", "replaysafe_operator", "replaysafe_auditor"}
+_OWNER_ONLY_FUNCTIONS = {"bind_role_to_tenant", "unbind_role", "idempotency_key"}
+
+
+def _privilege_check(grants: list[dict[str, Any]]) -> dict[str, Any]:
+    """Privileges the migration does not grant: on a table, a private helper or view, an
+    owner-only function, or to a role other than the group roles (a default privilege or a
+    GRANT by hand can open the boundary)."""
+    unexpected = [
+        f"{g['privilege']} on {g['kind']} {g['signature']} to {g['grantee']}" for g in grants
+        if g["kind"] == "table" or g["name"].startswith("_") or g["grantee"] not in _GROUP_ROLES
+        or (g["kind"] == "function" and g["name"] in _OWNER_ONLY_FUNCTIONS)
+        or (g["kind"] == "view" and g["privilege"] != "SELECT")]
+    return {"check": "privileges only as the migration grants them", "ok": not unexpected,
+            "detail": "yes" if not unexpected else "NOT granted by the migration: "
+            + ", ".join(unexpected)}
 
 
 # --- actions --------------------------------------------------------------------------------

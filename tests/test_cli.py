@@ -407,3 +407,19 @@ def test_escape_keeps_ordinary_unicode() -> None:
     assert escape("a\x1bb\x00\t\r\n\x7f\x85\x9b\u202e\u2028") == \
         "a\\x1bb\\x00\\t\\r\\n\\x7f\\x85\\x9b\\u202e\\u2028"
     assert escape("two\nlines", keep_newlines=True) == "two\nlines"
+
+
+def test_doctor_notices_privileges_the_migration_does_not_grant(dsn: str) -> None:
+    assert "ok    privileges only as the migration grants them: yes" in run("doctor", dsn=dsn).stdout
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("GRANT SELECT ON replaysafe.actions TO replaysafe_auditor")
+        conn.execute("GRANT EXECUTE ON FUNCTION replaysafe.unbind_role(text) TO replaysafe_worker")
+        conn.execute("GRANT EXECUTE ON FUNCTION replaysafe.claim_action(text, text, text, jsonb, text, "
+                     "interval, text, text, timestamptz) TO PUBLIC")
+    result = run("doctor", dsn=dsn)
+    assert result.exit_code == 1
+    assert ("FAIL  privileges only as the migration grants them: NOT granted by the migration: "
+            "EXECUTE on function replaysafe.claim_action(text,text,text,jsonb,text,interval,text,"
+            "text,timestamp with time zone) to public, ") in result.stdout
+    assert "SELECT on table actions to replaysafe_auditor" in result.stdout
+    assert "EXECUTE on function replaysafe.unbind_role(text) to replaysafe_worker" in result.stdout
