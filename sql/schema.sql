@@ -40,10 +40,14 @@ CREATE TYPE replaysafe.action_state AS ENUM ('running', 'succeeded', 'failed', '
 -- Private tables (no role but the owner holds any privilege on them)
 -- ---------------------------------------------------------------------------------------
 
+-- Bound by role OID: a renamed role keeps its tenant, a dropped and re-created one (same
+-- name, new OID) gets none. role_name is the name at binding time, for people.
 CREATE TABLE replaysafe.role_bindings (
-    role_name  text PRIMARY KEY,
+    role_name  text NOT NULL,
     tenant_id  text NOT NULL,
-    bound_at   timestamptz NOT NULL DEFAULT now()
+    bound_at   timestamptz NOT NULL DEFAULT now(),
+    role_oid   oid NOT NULL,
+    CONSTRAINT role_bindings_pkey PRIMARY KEY (role_oid)
 );
 
 -- The installation's secret: it salts the derived idempotency keys (and so the wake-up
@@ -164,8 +168,10 @@ CREATE TYPE replaysafe.thread_record AS (
 
 CREATE VIEW replaysafe._caller AS
 SELECT r.role_name,
-       coalesce((SELECT b.tenant_id FROM replaysafe.role_bindings b WHERE b.role_name = r.role_name),
-                (SELECT b.tenant_id FROM replaysafe.role_bindings b WHERE b.role_name = r.login_name))
+       coalesce((SELECT b.tenant_id FROM pg_roles a JOIN replaysafe.role_bindings b ON b.role_oid = a.oid
+                 WHERE a.rolname = r.role_name),
+                (SELECT b.tenant_id FROM pg_roles a JOIN replaysafe.role_bindings b ON b.role_oid = a.oid
+                 WHERE a.rolname = r.login_name))
            AS tenant_id
 FROM (SELECT CASE WHEN current_setting('role') = 'none' THEN session_user::text
                   ELSE current_setting('role') END AS role_name,
@@ -281,8 +287,10 @@ SELECT r.tenant_id,
                  OR EXISTS (SELECT 1 FROM pg_roles a WHERE a.rolname = 'replaysafe_auditor'
                             AND pg_has_role(current_user, a.oid, 'USAGE')) END AS reads_all
 FROM (SELECT coalesce(
-          (SELECT b.tenant_id FROM replaysafe.role_bindings b WHERE b.role_name = current_user::text),
-          (SELECT b.tenant_id FROM replaysafe.role_bindings b WHERE b.role_name = session_user::text))
+          (SELECT b.tenant_id FROM pg_roles a JOIN replaysafe.role_bindings b ON b.role_oid = a.oid
+           WHERE a.rolname = current_user),
+          (SELECT b.tenant_id FROM pg_roles a JOIN replaysafe.role_bindings b ON b.role_oid = a.oid
+           WHERE a.rolname = session_user))
           AS tenant_id) r,
      pg_namespace n
 WHERE n.nspname = 'replaysafe';
@@ -387,9 +395,10 @@ BEGIN
         PERFORM replaysafe._invalid('p_role', 'must name an existing role');
     END IF;
     PERFORM replaysafe._check_id('p_tenant_id', p_tenant_id);
-    INSERT INTO replaysafe.role_bindings AS b (role_name, tenant_id)
-    VALUES (p_role, p_tenant_id)
-    ON CONFLICT (role_name) DO UPDATE SET tenant_id = excluded.tenant_id, bound_at = now();
+    INSERT INTO replaysafe.role_bindings AS b (role_oid, role_name, tenant_id)
+    SELECT r.oid, p_role, p_tenant_id FROM pg_roles r WHERE r.rolname = p_role
+    ON CONFLICT (role_oid) DO UPDATE
+    SET role_name = excluded.role_name, tenant_id = excluded.tenant_id, bound_at = now();
 END
 $$;
 
@@ -406,7 +415,10 @@ BEGIN
     IF p_role IS NULL THEN
         PERFORM replaysafe._invalid('p_role', 'must not be NULL');
     END IF;
-    DELETE FROM replaysafe.role_bindings b WHERE b.role_name = p_role;
+    -- The role's binding; or, for a name no role has any more, the binding left behind.
+    DELETE FROM replaysafe.role_bindings b
+    WHERE b.role_oid = (SELECT r.oid FROM pg_roles r WHERE r.rolname = p_role)
+       OR (b.role_name = p_role AND NOT EXISTS (SELECT 1 FROM pg_roles r WHERE r.oid = b.role_oid));
     RETURN FOUND;
 END
 $$;

@@ -692,3 +692,30 @@ def test_the_cli_and_the_driver_never_resolve_through_a_hostile_search_path(
         with psycopg.connect(world, autocommit=True) as owner:
             owner.execute("DROP TABLE IF EXISTS public.hijacked CASCADE")
             owner.execute(f'DROP OWNED BY "{attacker}" CASCADE')
+
+
+def test_a_binding_follows_the_role_not_its_name(world: str, admin_dsn: str,
+                                                  make_role: MakeRole) -> None:
+    renamed, recreated = make_role("replaysafe_auditor"), make_role("replaysafe_worker")
+    bind(world, renamed, "A")
+    bind(world, recreated, "B")
+    with psycopg.connect(admin_dsn, autocommit=True) as admin:
+        admin.execute(f'ALTER ROLE "{renamed}" RENAME TO "{renamed}_x"')
+        admin.execute(f'ALTER ROLE "{renamed}_x" RENAME TO "{renamed}"')  # the fixture drops it
+        admin.execute(f'ALTER ROLE "{renamed}" RENAME TO "{renamed}_y"')
+    try:
+        with connect_as(world, f"{renamed}_y") as c:  # renamed: still bound, not every tenant
+            assert {r[0] for r in c.execute("SELECT tenant_id FROM replaysafe.actions_v")} == {"A"}
+    finally:
+        with psycopg.connect(admin_dsn, autocommit=True) as admin:
+            admin.execute(f'ALTER ROLE "{renamed}_y" RENAME TO "{renamed}"')
+    with psycopg.connect(admin_dsn, autocommit=True) as admin:
+        admin.execute(f'DROP OWNED BY "{recreated}"')
+        admin.execute(f'DROP ROLE "{recreated}"')
+        admin.execute(f'CREATE ROLE "{recreated}" LOGIN IN ROLE replaysafe_worker')
+    with connect_as(world, recreated) as c:  # same name, new role: no tenant
+        assert sqlstate(c, "SELECT * FROM replaysafe.read_thread(p_tenant_id => 'B', "
+                           "p_thread_id => 'mine', p_user_id => 'alice')") == "RS004"
+    with psycopg.connect(world, autocommit=True) as owner:  # the orphan can be unbound by name
+        assert owner.execute("SELECT replaysafe.unbind_role(p_role => %s)",
+                             (recreated,)).fetchone() == (True,)

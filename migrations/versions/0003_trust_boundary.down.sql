@@ -24,6 +24,12 @@ BEGIN
 END
 $drop$;
 DROP TABLE replaysafe.installation;
+-- Bindings by name again (names were unique under 0002: keep the newest of any repeat).
+DELETE FROM replaysafe.role_bindings b USING replaysafe.role_bindings o
+WHERE b.role_name = o.role_name AND b.bound_at < o.bound_at;
+ALTER TABLE replaysafe.role_bindings DROP CONSTRAINT role_bindings_pkey,
+    ADD CONSTRAINT role_bindings_pkey PRIMARY KEY (role_name);
+ALTER TABLE replaysafe.role_bindings DROP COLUMN role_oid;
 
 CREATE FUNCTION replaysafe._bound_tenant() RETURNS text
     LANGUAGE sql STABLE
