@@ -166,12 +166,34 @@ CREATE TYPE replaysafe.thread_record AS (
 -- may see or do.
 -- ---------------------------------------------------------------------------------------
 
+-- Are we inside a security-restricted operation (an index expression, ANALYZE, REINDEX,
+-- CLUSTER, REFRESH MATERIALIZED VIEW, autovacuum)? There the code that runs is the table
+-- owner's, while the session's roles (what the functions read) are whoever runs the
+-- maintenance: a superuser, autovacuum, or another tenant's login. The functions then act
+-- for nobody (about 2.5 us a call, the price of knowing).
+-- Postgres refuses DEALLOCATE there (42501) and says a statement does not exist elsewhere.
+CREATE FUNCTION replaysafe._in_restricted_operation()
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    EXECUTE 'DEALLOCATE replaysafe_probe_no_such_statement';
+    RETURN false;  -- only if someone prepared a statement of that name
+EXCEPTION
+    WHEN insufficient_privilege THEN RETURN true;
+    WHEN invalid_sql_statement_name THEN RETURN false;
+END
+$$;
+
 CREATE VIEW replaysafe._caller AS
 SELECT r.role_name,
-       coalesce((SELECT b.tenant_id FROM pg_roles a JOIN replaysafe.role_bindings b ON b.role_oid = a.oid
+       CASE WHEN replaysafe._in_restricted_operation() THEN NULL  -- see the function
+            ELSE coalesce(
+                (SELECT b.tenant_id FROM pg_roles a JOIN replaysafe.role_bindings b ON b.role_oid = a.oid
                  WHERE a.rolname = r.role_name),
                 (SELECT b.tenant_id FROM pg_roles a JOIN replaysafe.role_bindings b ON b.role_oid = a.oid
-                 WHERE a.rolname = r.login_name))
+                 WHERE a.rolname = r.login_name)) END
            AS tenant_id
 FROM (SELECT CASE WHEN current_setting('role') = 'none' THEN session_user::text
                   ELSE current_setting('role') END AS role_name,
@@ -242,25 +264,6 @@ AS $$
     SELECT EXISTS (SELECT 1 FROM m JOIN pg_roles r ON r.oid = m.roleid WHERE r.rolname = p_role)
 $$;
 
--- Are we inside a security-restricted operation (an index expression, ANALYZE, REINDEX,
--- REFRESH MATERIALIZED VIEW, autovacuum)? There the code that runs is the table owner's,
--- while the session's roles (what the functions read) may be a superuser's: a worker's
--- index expression, analyzed by autovacuum, must not act with the session's rights.
--- Postgres refuses DEALLOCATE there (42501) and says a statement does not exist elsewhere.
-CREATE FUNCTION replaysafe._in_restricted_operation()
-RETURNS boolean
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    EXECUTE 'DEALLOCATE replaysafe_probe_no_such_statement';
-    RETURN false;  -- only if someone prepared a statement of that name
-EXCEPTION
-    WHEN insufficient_privilege THEN RETURN true;
-    WHEN invalid_sql_statement_name THEN RETURN false;
-END
-$$;
-
 -- The caller's wider rights, for the functions (never needed on a bound caller's hot path).
 -- It is the owner when it is the schema owner or an explicit member of it, and not inside a
 -- security-restricted operation; unbound, the owner acts for every tenant; the owner and
@@ -268,7 +271,7 @@ $$;
 CREATE VIEW replaysafe._caller_scope AS
 SELECT c.role_name, c.tenant_id, o.is_owner,
        c.tenant_id IS NULL AND o.is_owner AS acts_for_all,
-       o.is_owner OR (NOT o.restricted AND replaysafe._is_member(c.role_name, op.oid)) AS may_move_time
+       o.is_owner OR (NOT o.restricted AND replaysafe._is_member(c.role_name, op.oid)) AS owner_or_operator
 FROM replaysafe._caller c
 CROSS JOIN LATERAL (
     SELECT r.restricted, NOT r.restricted AND replaysafe._is_member(c.role_name, n.nspowner) AS is_owner
@@ -319,7 +322,7 @@ BEGIN
     IF p_now <= v_clock AND p_now >= v_clock - interval '5 minutes' THEN
         RETURN p_now;
     END IF;
-    IF EXISTS (SELECT 1 FROM replaysafe._caller_scope c WHERE c.may_move_time) THEN
+    IF EXISTS (SELECT 1 FROM replaysafe._caller_scope c WHERE c.owner_or_operator) THEN
         RETURN p_now;
     END IF;
     IF p_now BETWEEN v_clock - interval '5 minutes' AND v_clock + interval '5 minutes' THEN
@@ -393,6 +396,10 @@ BEGIN
     END IF;
     IF p_role IS NULL OR NOT EXISTS (SELECT 1 FROM pg_roles r WHERE r.rolname = p_role) THEN
         PERFORM replaysafe._invalid('p_role', 'must name an existing role');
+    END IF;
+    -- Bound, a group role would hand its tenant to every member that SETs ROLE to it.
+    IF p_role IN ('replaysafe_worker', 'replaysafe_operator', 'replaysafe_auditor') THEN
+        PERFORM replaysafe._invalid('p_role', 'must not be one of the group roles (bind their members)');
     END IF;
     PERFORM replaysafe._check_id('p_tenant_id', p_tenant_id);
     INSERT INTO replaysafe.role_bindings AS b (role_oid, role_name, tenant_id)
@@ -887,6 +894,11 @@ DECLARE
     v_old     replaysafe.action_state;
     v_attempt integer;
 BEGIN
+    IF NOT EXISTS (SELECT 1 FROM replaysafe._caller_scope c WHERE c.owner_or_operator) THEN
+        -- EXECUTE is the operators'; a grant to another role by mistake must not open it.
+        PERFORM replaysafe._raise('RS004', 'access denied: settling, reopening and purging are '
+                                           'replaysafe_operator''s duty');
+    END IF;
     IF (octet_length(p_tenant_id) BETWEEN 1 AND 1024 AND length(p_tenant_id) <= 512
         AND octet_length(p_action_key) BETWEEN 1 AND 1024 AND length(p_action_key) <= 512)
        IS NOT TRUE THEN
@@ -945,6 +957,11 @@ AS $$
 DECLARE
     v_old replaysafe.action_state;
 BEGIN
+    IF NOT EXISTS (SELECT 1 FROM replaysafe._caller_scope c WHERE c.owner_or_operator) THEN
+        -- EXECUTE is the operators'; a grant to another role by mistake must not open it.
+        PERFORM replaysafe._raise('RS004', 'access denied: settling, reopening and purging are '
+                                           'replaysafe_operator''s duty');
+    END IF;
     PERFORM replaysafe._check_id('p_tenant_id', p_tenant_id);
     PERFORM replaysafe._check_id('p_action_key', p_action_key);
     IF p_note IS NULL OR p_note = '' THEN
@@ -1054,6 +1071,11 @@ DECLARE
     v_tenant text;
     v_all    boolean;
 BEGIN
+    IF NOT EXISTS (SELECT 1 FROM replaysafe._caller_scope c WHERE c.owner_or_operator) THEN
+        -- EXECUTE is the operators'; a grant to another role by mistake must not open it.
+        PERFORM replaysafe._raise('RS004', 'access denied: settling, reopening and purging are '
+                                           'replaysafe_operator''s duty');
+    END IF;
     IF p_older_than IS NULL OR p_older_than < interval '0' OR p_older_than > interval '1000 years' THEN
         PERFORM replaysafe._invalid('p_older_than', 'must be a non-negative interval of at most 1000 years');
     END IF;
@@ -1371,55 +1393,71 @@ END
 $$;
 
 -- ---------------------------------------------------------------------------------------
--- Audit views: owner-rights (they read the private tables) and security_barrier (a caller's
+-- Audit views: owner-rights (they read the private tables) and security_barrier (a reader's
 -- own functions in a WHERE clause never see rows the filter removes). Each shows the
--- caller's tenant only (every tenant to the unbound owner and unbound auditors).
+-- reader's tenant only (every tenant to the unbound owner and unbound auditors).
+--
+-- The private _visible_* views do the filtering as a UNION ALL: the reader's tenant as an
+-- index condition (a reader's own conditions join it, so no row of another tenant is ever
+-- read: EXPLAIN ANALYZE cannot confirm another tenant's key by "Rows Removed by Filter"),
+-- and every row behind a one-time test of reads_all, never executed for anyone else.
 -- ---------------------------------------------------------------------------------------
+
+CREATE VIEW replaysafe._visible_actions WITH (security_barrier = true) AS
+SELECT x.* FROM replaysafe.actions x
+WHERE x.tenant_id = (SELECT r.tenant_id FROM replaysafe._reader r)
+UNION ALL
+SELECT x.* FROM replaysafe.actions x
+WHERE (SELECT r.reads_all FROM replaysafe._reader r);
+
+CREATE VIEW replaysafe._visible_attempts WITH (security_barrier = true) AS
+SELECT t.* FROM replaysafe.action_attempts t
+WHERE t.tenant_id = (SELECT r.tenant_id FROM replaysafe._reader r)
+UNION ALL
+SELECT t.* FROM replaysafe.action_attempts t
+WHERE (SELECT r.reads_all FROM replaysafe._reader r);
+
+CREATE VIEW replaysafe._visible_threads WITH (security_barrier = true) AS
+SELECT t.* FROM replaysafe.threads t
+WHERE t.tenant_id = (SELECT r.tenant_id FROM replaysafe._reader r)
+UNION ALL
+SELECT t.* FROM replaysafe.threads t
+WHERE (SELECT r.reads_all FROM replaysafe._reader r);
 
 CREATE VIEW replaysafe.actions_v WITH (security_barrier = true) AS
 SELECT x.tenant_id, x.action_key, x.thread_id, x.operation, x.state, x.attempt, x.on_expired,
        x.idempotency_key, x.request, x.result, x.error, x.provider_reference, x.lease_expires_at,
        x.created_at, x.updated_at, x.completed_at, x.worker_id, x.resolution_note, x.resolved_at
-FROM replaysafe.actions x
-WHERE x.tenant_id = (SELECT r.tenant_id FROM replaysafe._reader r)
-   OR (SELECT r.reads_all FROM replaysafe._reader r);
+FROM replaysafe._visible_actions x;
 
 CREATE VIEW replaysafe.action_attempts_v WITH (security_barrier = true) AS
 SELECT t.tenant_id, t.action_key, t.attempt, t.worker_id, t.claimed_at, t.ended_at, t.outcome,
        t.superseded, t.error, t.result, t.provider_reference
-FROM replaysafe.action_attempts t
-WHERE t.tenant_id = (SELECT r.tenant_id FROM replaysafe._reader r)
-   OR (SELECT r.reads_all FROM replaysafe._reader r);
+FROM replaysafe._visible_attempts t;
 
 CREATE VIEW replaysafe.unresolved_actions WITH (security_barrier = true) AS
 SELECT x.tenant_id, x.action_key, x.operation, x.state, x.lease_expires_at,
        now() - CASE WHEN x.state = 'running' THEN x.lease_expires_at ELSE x.updated_at END AS age,
        x.thread_id, x.created_at, x.updated_at
-FROM replaysafe.actions x
-WHERE (x.state = 'unknown' OR (x.state = 'running' AND x.lease_expires_at <= now()))
-  AND (x.tenant_id = (SELECT r.tenant_id FROM replaysafe._reader r)
-       OR (SELECT r.reads_all FROM replaysafe._reader r));
+FROM replaysafe._visible_actions x
+WHERE x.state = 'unknown' OR (x.state = 'running' AND x.lease_expires_at <= now());
 
 CREATE VIEW replaysafe.multi_effect_actions WITH (security_barrier = true) AS
 SELECT t.tenant_id, t.action_key, a.operation, count(*) AS successful_attempts
-FROM replaysafe.action_attempts t
+FROM replaysafe._visible_attempts t
 JOIN replaysafe.actions a ON a.tenant_id = t.tenant_id AND a.action_key = t.action_key
 WHERE t.outcome = 'succeeded'
-  AND (t.tenant_id = (SELECT r.tenant_id FROM replaysafe._reader r)
-       OR (SELECT r.reads_all FROM replaysafe._reader r))
 GROUP BY t.tenant_id, t.action_key, a.operation
 HAVING count(*) > 1;
 
 -- Ownership by user id is enforced by the functions; the view shows every thread of the
--- caller's tenant.
+-- reader's tenant.
 CREATE VIEW replaysafe.threads_v WITH (security_barrier = true) AS
 SELECT t.tenant_id, t.thread_id, t.user_id, t.version, t.deleted, v.state, t.history_limit,
        t.created_at, t.updated_at
-FROM replaysafe.threads t
+FROM replaysafe._visible_threads t
 LEFT JOIN replaysafe.thread_versions v
-       ON v.tenant_id = t.tenant_id AND v.thread_id = t.thread_id AND v.version = t.version
-WHERE t.tenant_id = (SELECT r.tenant_id FROM replaysafe._reader r)
-   OR (SELECT r.reads_all FROM replaysafe._reader r);
+       ON v.tenant_id = t.tenant_id AND v.thread_id = t.thread_id AND v.version = t.version;
 
 -- ---------------------------------------------------------------------------------------
 -- Privileges. Row-level security stays enabled with no policy on every table: should a
@@ -1435,8 +1473,8 @@ ALTER TABLE replaysafe.threads ENABLE ROW LEVEL SECURITY;
 ALTER TABLE replaysafe.thread_versions ENABLE ROW LEVEL SECURITY;
 
 -- Every privilege but the owner's goes first, whoever granted it (PUBLIC's default EXECUTE
--- on functions, and what ALTER DEFAULT PRIVILEGES may have added); then the grants below.
-REVOKE ALL ON SCHEMA replaysafe FROM PUBLIC;
+-- on functions, and what ALTER DEFAULT PRIVILEGES may have added, on the schema too); then
+-- the grants below.
 DO $revoke$
 DECLARE
     r record;
@@ -1450,6 +1488,10 @@ BEGIN
         FROM pg_class c, aclexplode(c.relacl) a
         WHERE c.relnamespace = 'replaysafe'::regnamespace AND c.relkind IN ('r', 'v', 'p', 'm', 'S')
           AND a.grantee <> c.relowner
+        UNION
+        SELECT DISTINCT 'SCHEMA replaysafe', a.grantee
+        FROM pg_namespace n, aclexplode(n.nspacl) a
+        WHERE n.nspname = 'replaysafe' AND a.grantee <> n.nspowner
     LOOP
         EXECUTE format('REVOKE ALL ON %s FROM %s', r.object,
                        CASE WHEN r.grantee = 0 THEN 'PUBLIC' ELSE r.grantee::regrole::text END);

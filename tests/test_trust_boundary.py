@@ -719,3 +719,111 @@ def test_a_binding_follows_the_role_not_its_name(world: str, admin_dsn: str,
     with psycopg.connect(world, autocommit=True) as owner:  # the orphan can be unbound by name
         assert owner.execute("SELECT replaysafe.unbind_role(p_role => %s)",
                              (recreated,)).fetchone() == (True,)
+
+
+# --- found by the second review ------------------------------------------------------------------
+
+def test_a_workers_index_expression_run_in_another_tenants_session_acts_for_nobody(
+        world: str, make_role: MakeRole) -> None:
+    """Tenant B's operator runs a database-wide ANALYZE; A's index expression runs in B's
+    session (a security-restricted operation): it must not act for B."""
+    attacker = make_role("replaysafe_worker")
+    victim = make_role("replaysafe_operator")
+    bind(world, attacker, "A")
+    bind(world, victim, "B")
+    with psycopg.connect(world, autocommit=True) as owner:
+        owner.execute(f'GRANT CREATE ON SCHEMA public TO "{attacker}"')
+    try:
+        with connect_as(world, attacker) as c:
+            c.execute(SRO_BAIT)
+            c.execute("CREATE INDEX bait_idx ON public.bait (public.idx_f(i))")
+            c.execute("GRANT MAINTAIN ON public.bait TO PUBLIC")
+        with connect_as(world, victim) as c:
+            c.execute("ANALYZE public.bait")
+        with psycopg.connect(world, autocommit=True) as owner:
+            loot = owner.execute("SELECT what, got FROM public.loot").fetchall()
+        assert ("complete", "refused RS004") in loot and ("complete", "recorded") not in loot, loot
+        assert {got for what, got in loot if what == "read"} <= {"A"}
+        assert owner_rows(world, "SELECT state::text, result FROM replaysafe.actions "
+                                 "WHERE tenant_id = 'B' AND action_key = 'live'") == [("running", None)]
+    finally:
+        with psycopg.connect(world, autocommit=True) as owner:
+            owner.execute(f'DROP OWNED BY "{attacker}" CASCADE')
+
+
+def plan_counts(c: Conn, query: str) -> list[tuple[str, int]]:
+    """Every row count EXPLAIN ANALYZE reports on the schema's tables, node by node (scans of
+    the catalogs, which count roles anyone may list, aside)."""
+    import json
+
+    plan = c.execute(f"EXPLAIN (ANALYZE, VERBOSE, FORMAT JSON, TIMING OFF) {query}").fetchone()
+    assert plan is not None
+    doc = plan[0] if isinstance(plan[0], list) else json.loads(plan[0])
+    out: list[tuple[str, int]] = []
+
+    def walk(node: dict[str, Any]) -> None:
+        if node.get("Schema") == "replaysafe":
+            out.extend((f"{node['Relation Name']}: {k}", int(v)) for k, v in node.items()
+                       if k.startswith(("Actual Rows", "Rows Removed")) and isinstance(v, int | float))
+        for child in node.get("Plans", []):
+            walk(child)
+
+    walk(doc[0]["Plan"])
+    return out
+
+
+def test_explain_analyze_cannot_confirm_another_tenants_key(world: str, worker_a: Conn) -> None:
+    for view, column, key in (("actions_v", "action_key", "done"),
+                              ("action_attempts_v", "action_key", "done"),
+                              ("threads_v", "thread_id", "mine")):
+        there = plan_counts(worker_a, f"SELECT * FROM replaysafe.{view} "
+                                      f"WHERE tenant_id = 'B' AND {column} = '{key}'")
+        absent = plan_counts(worker_a, f"SELECT * FROM replaysafe.{view} "
+                                       f"WHERE tenant_id = 'B' AND {column} = 'no-such-{key}'")
+        ranged = plan_counts(worker_a, f"SELECT * FROM replaysafe.{view} "
+                                       f"WHERE {column} >= 'a' AND {column} < 'z'")
+        assert there == absent, (view, there, absent)
+        # A range over every tenant finds only A's rows, and reads no other.
+        assert ranged and all(n == 0 for k, n in ranged if "Rows Removed" in k), (view, ranged)
+
+
+def test_default_privileges_on_schemas_open_nothing(empty_dsn: str, make_role: MakeRole) -> None:
+    app = make_role()
+    with psycopg.connect(empty_dsn, autocommit=True) as owner:
+        owner.execute(f'ALTER DEFAULT PRIVILEGES GRANT CREATE, USAGE ON SCHEMAS TO "{app}"')
+    try:
+        import replaysafe_pg
+
+        replaysafe_pg.migrate(empty_dsn)
+        with connect_as(empty_dsn, app) as c:
+            assert sqlstate(c, "CREATE FUNCTION replaysafe.complete_action(text, text, integer, "
+                               "jsonb, text) RETURNS text LANGUAGE sql AS $$ SELECT 'x' $$") == "42501"
+    finally:
+        with psycopg.connect(empty_dsn, autocommit=True) as owner:
+            owner.execute(f'ALTER DEFAULT PRIVILEGES REVOKE CREATE, USAGE ON SCHEMAS FROM "{app}"')
+
+
+def test_group_roles_cannot_be_bound(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        for role in ("replaysafe_worker", "replaysafe_operator", "replaysafe_auditor"):
+            assert sqlstate(c, "SELECT replaysafe.bind_role_to_tenant(p_role => %s, "
+                               "p_tenant_id => 'B')", (role,)) == "RS005"
+        assert c.execute("SELECT count(*) FROM replaysafe.role_bindings").fetchone() == (0,)
+
+
+def test_operator_duties_check_the_role_themselves(world: str, worker_a: Conn) -> None:
+    with psycopg.connect(world, autocommit=True) as owner:  # a grant by mistake
+        owner.execute("GRANT EXECUTE ON FUNCTION replaysafe.resolve_action(text, text, text, jsonb, "
+                      "jsonb, text, text, timestamptz, integer), replaysafe.reopen_action(text, text, "
+                      "text, timestamptz), replaysafe.purge_actions(interval, integer, timestamptz) "
+                      "TO replaysafe_worker")
+        owner.execute("SELECT replaysafe.mark_action_unknown(p_tenant_id => 'A', p_action_key => 'live', "
+                      "p_attempt => 1, p_error => '{}')")
+    for call in ("replaysafe.resolve_action(p_tenant_id => 'A', p_action_key => 'live', "
+                 "p_state => 'succeeded', p_result => '{\"forged\": 1}')",
+                 "replaysafe.reopen_action(p_tenant_id => 'A', p_action_key => 'done', p_note => 'x')",
+                 "replaysafe.purge_actions(p_older_than => '0 seconds')"):
+        assert sqlstate(worker_a, f"SELECT {call}") == "RS004", call
+    assert owner_rows(world, "SELECT action_key, state::text FROM replaysafe.actions "
+                             "WHERE tenant_id = 'A' ORDER BY 1") == [("done", "succeeded"),
+                                                                    ("live", "unknown")]

@@ -7,6 +7,7 @@ SELECT pg_catalog.set_config('check_function_bodies', 'false', true);
 
 DROP VIEW replaysafe.actions_v, replaysafe.action_attempts_v, replaysafe.unresolved_actions,
     replaysafe.multi_effect_actions, replaysafe.threads_v, replaysafe._caller_scope,
+    replaysafe._visible_actions, replaysafe._visible_attempts, replaysafe._visible_threads,
     replaysafe._reader, replaysafe._caller;
 DO $drop$
 DECLARE
