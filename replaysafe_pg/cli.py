@@ -313,7 +313,7 @@ def doctor(ctx: click.Context, conn: psycopg.Connection[Any]) -> None:
     counts: dict[str, int] = {}
     if current is not None:
         checks += _schema_object_checks(_rows(conn, "schema_objects"))
-        checks.append(_privilege_check(_rows(conn, "schema_privileges")))
+        checks += _privilege_checks(_rows(conn, "schema_privileges"), _rows(conn, "default_privileges"))
         for table in _rows(conn, "table_rls"):
             checks.append({"check": f"row-level security on {table['table_name']}",
                            "ok": table["rls_enabled"],
@@ -338,19 +338,23 @@ def _schema_object_checks(objects: list[dict[str, Any]]) -> list[dict[str, Any]]
     """Objects the migration did not create, objects of another owner, functions whose
     search_path is not pinned: each can run a stranger's code as the schema owner."""
     expected = schema.expected_objects()
-    seen_functions: dict[str, int] = {}
+    overloads: dict[str, list[str]] = {}
     foreign, strangers, unpinned = [], [], []
     for o in objects:
         label = f"{o['kind']} {o['signature']}"
         if not o["owned_by_schema_owner"]:
             foreign.append(f"{label} (owner {o['owner']})")
         if o["kind"] == "function":
-            seen_functions[o["name"]] = seen_functions.get(o["name"], 0) + 1
+            overloads.setdefault(o["name"], []).append(o["signature"])
             if not o["search_path_pinned"]:
                 unpinned.append(label)
-        if (o["name"] not in expected.get(o["kind"], set())
-                or (o["kind"] == "function" and seen_functions[o["name"]] > 1)):
+        if o["name"] not in expected.get(o["kind"], set()):
             strangers.append(label)
+    # The migration creates one function of each name: of several, it cannot tell which is
+    # the stranger (the owner and pinned-path checks usually can), so it names them all.
+    strangers += [f"{len(sigs)} functions named {name} (the migration creates one): "
+                  + ", ".join(sigs) for name, sigs in overloads.items()
+                  if len(sigs) > 1 and name in expected["function"]]
     return [
         {"check": "schema objects created by the migration", "ok": not strangers,
          "detail": "yes" if not strangers else "NOT created by the migration: " + ", ".join(strangers)},
@@ -361,24 +365,28 @@ def _schema_object_checks(objects: list[dict[str, Any]]) -> list[dict[str, Any]]
     ]
 
 
-# What the migration grants (sql/schema.sql): EXECUTE on the public functions of each duty,
-# SELECT on the public views to the three group roles; nothing else to anyone.
-_GROUP_ROLES = {"replaysafe_worker", "replaysafe_operator", "replaysafe_auditor"}
-_OWNER_ONLY_FUNCTIONS = {"bind_role_to_tenant", "unbind_role", "idempotency_key"}
+_GRANTED_PRIVILEGE = {"function": "EXECUTE", "view": "SELECT", "schema": "USAGE"}
 
 
-def _privilege_check(grants: list[dict[str, Any]]) -> dict[str, Any]:
-    """Privileges the migration does not grant: on a table, a private helper or view, an
-    owner-only function, or to a role other than the group roles (a default privilege or a
-    GRANT by hand can open the boundary)."""
+def _privilege_checks(grants: list[dict[str, Any]],
+                      defaults: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Privileges other than those sql/schema.sql grants (a GRANT by hand can cross the
+    duties, e.g. resolve_action to the workers), and default privileges that would grant more
+    on the schema's next objects."""
+    expected = schema.expected_grants()
     unexpected = [
         f"{g['privilege']} on {g['kind']} {g['signature']} to {g['grantee']}" for g in grants
-        if g["kind"] == "table" or g["name"].startswith("_") or g["grantee"] not in _GROUP_ROLES
-        or (g["kind"] == "function" and g["name"] in _OWNER_ONLY_FUNCTIONS)
-        or (g["kind"] == "view" and g["privilege"] != "SELECT")]
-    return {"check": "privileges only as the migration grants them", "ok": not unexpected,
-            "detail": "yes" if not unexpected else "NOT granted by the migration: "
-            + ", ".join(unexpected)}
+        if (g["kind"], g["name"], g["grantee"]) not in expected
+        or g["privilege"] != _GRANTED_PRIVILEGE.get(g["kind"])]
+    stray = [f"{d['creator']} grants {d['privilege']} on new {d['objects']} in {d['in_schema']} "
+             f"to {d['grantee']}" for d in defaults]
+    return [
+        {"check": "privileges only as the migration grants them", "ok": not unexpected,
+         "detail": "yes" if not unexpected else "NOT granted by the migration: "
+         + ", ".join(unexpected)},
+        {"check": "no default privileges on the schema's objects", "ok": not stray,
+         "detail": "none" if not stray else "ALTER DEFAULT PRIVILEGES: " + ", ".join(stray)},
+    ]
 
 
 # --- actions --------------------------------------------------------------------------------

@@ -57,6 +57,25 @@ def expected_objects() -> dict[str, set[str]]:
     }
 
 
+def expected_grants() -> set[tuple[str, str, str]]:
+    """``(kind, name, grantee)`` of every privilege ``sql/schema.sql`` grants: EXECUTE on a
+    function to a group role, SELECT on a view, USAGE on the schema."""
+    import re
+
+    text = schema_sql()
+    block = text[text.index("DO $grants$"):]
+    grants: set[tuple[str, str, str]] = set()
+    for names, role in re.findall(r"GRANT EXECUTE ON FUNCTION(.*?)TO (replaysafe_\w+);", block, re.S):
+        grants |= {("function", n, role) for n in re.findall(r"replaysafe\.(\w+)\(", names)}
+    views = re.search(r"v_views constant text := (.*?);", block, re.S)
+    assert views is not None
+    for role in set(re.findall(r"TO (replaysafe_\w+)';", block)):
+        grants |= {("view", n, role) for n in re.findall(r"replaysafe\.(\w+)", views.group(1))}
+    usage = re.findall(r"GRANT USAGE ON SCHEMA replaysafe TO (\w+);", block)
+    grants |= {("schema", SCHEMA, r) for r in usage}
+    return grants
+
+
 def sqlalchemy_url(dsn: str) -> str:
     """A libpq URI or key=value DSN as a SQLAlchemy URL for the psycopg 3 dialect."""
     if dsn.startswith(("postgresql+psycopg://", "postgresql+psycopg:")):

@@ -329,7 +329,9 @@ def test_doctor_lists_objects_the_migration_did_not_create_or_another_role_owns(
     assert result.exit_code == 1
     out = result.stdout
     assert "FAIL  schema objects created by the migration: NOT created by the migration: " in out
-    assert "function replaysafe.claim_action(text)" in out and "table notes" in out
+    assert ("2 functions named claim_action (the migration creates one): replaysafe.claim_action(text), "
+            "replaysafe.claim_action(text,text,text,jsonb,text,interval,text,text,timestamp with time "
+            "zone)") in out and "table notes" in out
     assert f"FAIL  schema objects owned by the schema owner: owned by another role: table notes " \
            f"(owner {intruder})" in out
     assert "FAIL  functions pin search_path: NOT pinned: function replaysafe.claim_action(text)" in out
@@ -423,3 +425,23 @@ def test_doctor_notices_privileges_the_migration_does_not_grant(dsn: str) -> Non
             "text,timestamp with time zone) to public, ") in result.stdout
     assert "SELECT on table actions to replaysafe_auditor" in result.stdout
     assert "EXECUTE on function replaysafe.unbind_role(text) to replaysafe_worker" in result.stdout
+
+
+def test_doctor_notices_crossed_duties_schema_grants_and_default_privileges(dsn: str,
+                                                                            make_role: Any) -> None:
+    stranger = make_role()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("GRANT EXECUTE ON FUNCTION replaysafe.resolve_action(text, text, text, jsonb, jsonb, "
+                     "text, text, timestamptz, integer) TO replaysafe_worker")
+        conn.execute(f'GRANT CREATE ON SCHEMA replaysafe TO "{stranger}"')
+        conn.execute(f'ALTER DEFAULT PRIVILEGES GRANT EXECUTE ON FUNCTIONS TO "{stranger}"')
+    try:
+        out = run("doctor", dsn=dsn).stdout
+        assert "EXECUTE on function replaysafe.resolve_action(" in out and ") to replaysafe_worker" in out
+        assert f"CREATE on schema replaysafe to {stranger}" in out
+        assert (f"FAIL  no default privileges on the schema's objects: ALTER DEFAULT PRIVILEGES: "
+                f"postgres grants EXECUTE on new functions in every schema to {stranger}") in out
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f'ALTER DEFAULT PRIVILEGES REVOKE EXECUTE ON FUNCTIONS FROM "{stranger}"')
+            conn.execute(f'REVOKE ALL ON SCHEMA replaysafe FROM "{stranger}"')
