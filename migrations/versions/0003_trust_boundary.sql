@@ -97,11 +97,12 @@ $$;
 CREATE VIEW replaysafe._caller AS
 SELECT r.role_name,
        CASE WHEN replaysafe._in_restricted_operation() THEN NULL  -- see the function
+            -- to_regrole: a syscache probe (pg_roles is a view that costs ~6 us to join)
             ELSE coalesce(
-                (SELECT b.tenant_id FROM pg_roles a JOIN replaysafe.role_bindings b ON b.role_oid = a.oid
-                 WHERE a.rolname = r.role_name),
-                (SELECT b.tenant_id FROM pg_roles a JOIN replaysafe.role_bindings b ON b.role_oid = a.oid
-                 WHERE a.rolname = r.login_name)) END
+                (SELECT b.tenant_id FROM replaysafe.role_bindings b
+                 WHERE b.role_oid = to_regrole(quote_ident(r.role_name))::oid),
+                (SELECT b.tenant_id FROM replaysafe.role_bindings b
+                 WHERE b.role_oid = to_regrole(quote_ident(r.login_name))::oid)) END
            AS tenant_id
 FROM (SELECT CASE WHEN current_setting('role') = 'none' THEN session_user::text
                   ELSE current_setting('role') END AS role_name,
@@ -198,10 +199,10 @@ SELECT r.tenant_id,
                  OR EXISTS (SELECT 1 FROM pg_roles a WHERE a.rolname = 'replaysafe_auditor'
                             AND pg_has_role(current_user, a.oid, 'USAGE')) END AS reads_all
 FROM (SELECT coalesce(
-          (SELECT b.tenant_id FROM pg_roles a JOIN replaysafe.role_bindings b ON b.role_oid = a.oid
-           WHERE a.rolname = current_user),
-          (SELECT b.tenant_id FROM pg_roles a JOIN replaysafe.role_bindings b ON b.role_oid = a.oid
-           WHERE a.rolname = session_user))
+          (SELECT b.tenant_id FROM replaysafe.role_bindings b
+           WHERE b.role_oid = to_regrole(quote_ident(current_user))::oid),
+          (SELECT b.tenant_id FROM replaysafe.role_bindings b
+           WHERE b.role_oid = to_regrole(quote_ident(session_user))::oid))
           AS tenant_id) r,
      pg_namespace n
 WHERE n.nspname = 'replaysafe';
