@@ -168,7 +168,7 @@ def test_sql_enum_equals_python_enum(conn: psycopg.Connection[Any]) -> None:
 
 def test_outcome_names_in_sql_equal_python_enums() -> None:
     sql = schema_sql()
-    claim_outcomes = set(re.findall(r"_claim_record\('(\w+)'", sql))
+    claim_outcomes = set(re.findall(r"RETURN \('(\w+)', a.state", sql))
     report_outcomes = set(re.findall(r"v_outcome := '(\w+)'", sql))
     assert claim_outcomes == {o.value for o in ClaimOutcome}
     assert report_outcomes == {o.value for o in ReportOutcome}

@@ -279,15 +279,6 @@ AS $$
     FROM replaysafe.installation i
 $$;
 
-CREATE FUNCTION replaysafe._claim_record(p_outcome text, a replaysafe.actions)
-RETURNS replaysafe.claim_record
-LANGUAGE sql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
-AS $$
-    SELECT ROW(p_outcome, a.state, a.attempt, a.lease_expires_at, a.result, a.error,
-               a.idempotency_key, a.provider_reference)::replaysafe.claim_record
-$$;
-
 -- ---------------------------------------------------------------------------------------
 -- Tenant bindings (schema owner only)
 -- ---------------------------------------------------------------------------------------
@@ -406,11 +397,14 @@ BEGIN
                 'action %s already exists with a different operation or request', p_action_key));
         END IF;
         IF a.state IN ('succeeded', 'failed') THEN
-            RETURN replaysafe._claim_record('replay', a);
+            RETURN ('replay', a.state, a.attempt, a.lease_expires_at, a.result, a.error,
+                a.idempotency_key, a.provider_reference)::replaysafe.claim_record;
         ELSIF a.state = 'unknown' THEN
-            RETURN replaysafe._claim_record('unknown', a);
+            RETURN ('unknown', a.state, a.attempt, a.lease_expires_at, a.result, a.error,
+                a.idempotency_key, a.provider_reference)::replaysafe.claim_record;
         ELSIF a.state = 'running' AND a.lease_expires_at > p_now AND a.has_waiters THEN
-            RETURN replaysafe._claim_record('running', a);
+            RETURN ('running', a.state, a.attempt, a.lease_expires_at, a.result, a.error,
+                a.idempotency_key, a.provider_reference)::replaysafe.claim_record;
         END IF;
     ELSE
         -- The key of replaysafe.idempotency_key(), computed here: a query without parameters
@@ -432,7 +426,8 @@ BEGIN
         IF FOUND THEN
             INSERT INTO replaysafe.action_attempts (tenant_id, action_key, attempt, worker_id, claimed_at)
             VALUES (p_tenant_id, p_action_key, 1, p_worker_id, p_now);
-            RETURN replaysafe._claim_record('claimed', a);
+            RETURN ('claimed', a.state, a.attempt, a.lease_expires_at, a.result, a.error,
+                a.idempotency_key, a.provider_reference)::replaysafe.claim_record;
         END IF;
         -- A concurrent claim created it first: decide under its row lock below.
     END IF;
@@ -467,15 +462,18 @@ BEGIN
     END IF;
 
     IF a.state IN ('succeeded', 'failed') THEN
-        RETURN replaysafe._claim_record('replay', a);
+        RETURN ('replay', a.state, a.attempt, a.lease_expires_at, a.result, a.error,
+                a.idempotency_key, a.provider_reference)::replaysafe.claim_record;
     ELSIF a.state = 'unknown' THEN
-        RETURN replaysafe._claim_record('unknown', a);
+        RETURN ('unknown', a.state, a.attempt, a.lease_expires_at, a.result, a.error,
+                a.idempotency_key, a.provider_reference)::replaysafe.claim_record;
     ELSIF a.state = 'running' AND a.lease_expires_at > p_now THEN
         IF NOT a.has_waiters THEN
             UPDATE replaysafe.actions x SET has_waiters = true
             WHERE x.tenant_id = p_tenant_id AND x.action_key = p_action_key;
         END IF;
-        RETURN replaysafe._claim_record('running', a);
+        RETURN ('running', a.state, a.attempt, a.lease_expires_at, a.result, a.error,
+                a.idempotency_key, a.provider_reference)::replaysafe.claim_record;
     ELSIF a.state = 'running' THEN
         -- The lease ran out and nobody noticed yet: the attempt's effect is unknown.
         PERFORM replaysafe._expire_attempt(a, p_now);
@@ -483,7 +481,8 @@ BEGIN
             UPDATE replaysafe.actions x SET state = 'unknown', updated_at = p_now
             WHERE x.tenant_id = p_tenant_id AND x.action_key = p_action_key
             RETURNING * INTO a;
-            RETURN replaysafe._claim_record('unknown', a);
+            RETURN ('unknown', a.state, a.attempt, a.lease_expires_at, a.result, a.error,
+                a.idempotency_key, a.provider_reference)::replaysafe.claim_record;
         END IF;
     END IF;
 
@@ -496,7 +495,8 @@ BEGIN
     RETURNING * INTO a;
     INSERT INTO replaysafe.action_attempts (tenant_id, action_key, attempt, worker_id, claimed_at)
     VALUES (p_tenant_id, p_action_key, a.attempt, p_worker_id, p_now);
-    RETURN replaysafe._claim_record('claimed', a);
+    RETURN ('claimed', a.state, a.attempt, a.lease_expires_at, a.result, a.error,
+                a.idempotency_key, a.provider_reference)::replaysafe.claim_record;
 END
 $$;
 
