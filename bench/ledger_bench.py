@@ -257,6 +257,8 @@ def setup(dsn: str, revision: str = "head") -> None:
             c = led.claim(f"replay-{i}", "refund", REQUEST)
             led.complete(f"replay-{i}", c.attempt, RESULT)
             floor()
+        conn.execute("SELECT replaysafe.write_thread(p_tenant_id => %s, p_thread_id => 'th', "
+                     "p_expected_version => 0, p_state => %s::jsonb)", (TENANT, json.dumps(RESULT)))
         conn.execute("VACUUM ANALYZE")
 
 
@@ -314,6 +316,32 @@ CREATE FUNCTION bench.f_invoker_pinned(int) RETURNS boolean LANGUAGE plpgsql
 CREATE FUNCTION bench.f_definer_pinned(int) RETURNS boolean LANGUAGE plpgsql SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp AS $$ BEGIN RETURN true; END $$;
 """
+
+
+# One call each, looped inside the server by the worker: what the trust boundary costs per call
+# without the round trip and the client (a DO block; its own overhead is the empty loop's).
+SERVER_CALLS = {
+    "empty loop": "NULL",
+    "claim (replay)": "PERFORM replaysafe.claim_action('bench', 'replay-0', 'refund', "
+                      f"'{json.dumps(REQUEST)}', 'w')",
+    "read_thread": "PERFORM replaysafe.read_thread('bench', 'th')",
+    "heartbeat (lease lost: RS002)": "BEGIN PERFORM replaysafe.heartbeat_action('bench', 'replay-0', 1); "
+                                     "EXCEPTION WHEN OTHERS THEN NULL; END",
+}
+
+
+def server_costs(dsn: str, loops: int = 20_000) -> dict[str, float]:
+    """Microseconds per call, in the server, as the worker."""
+    out: dict[str, float] = {}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for name, stmt in SERVER_CALLS.items():
+            best = float("inf")
+            for _ in range(3):
+                t0 = time.perf_counter()
+                conn.execute(f"DO $$ BEGIN FOR i IN 1..{loops} LOOP {stmt}; END LOOP; END $$")
+                best = min(best, time.perf_counter() - t0)
+            out[name] = best / loops * 1e6
+    return out
 
 
 def boundary_costs(owner_dsn: str, dsn: str, calls: int = 200_000) -> dict[str, float]:
@@ -403,6 +431,11 @@ def main() -> None:
         ok = replay["xids"] == 0 and replay["wal_bytes"] < 1
         print(f"\nreplay writes nothing: {'yes' if ok else 'NO'} "
               f"(xids/op {replay['xids']:.2f}, WAL bytes/op {replay['wal_bytes']:.1f})")
+        print("\n| in the server, µs per call, as the worker (best of 3 loops) | 0002 | head |")
+        print("|---|--:|--:|")
+        before_us, after_us = server_costs(before_dsn), server_costs(dsn)
+        for name in SERVER_CALLS:
+            print(f"| {name} | {before_us[name]:.1f} | {after_us[name]:.1f} |")
         fn_costs = boundary_costs(owner_dsn, dsn)
         print("\nserver-side µs per call of an empty plpgsql function (as the worker): "
               + ", ".join(f"{k} {v:.2f}" for k, v in fn_costs.items()))
