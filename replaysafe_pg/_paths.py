@@ -1,22 +1,21 @@
-"""Where the SQL files and migrations live (kept free of heavy imports: workers load it)."""
+"""Where the SQL files and the migrations live: inside the package, read with
+importlib.resources (kept free of heavy imports: workers load it)."""
 
 from __future__ import annotations
 
+from importlib.resources import files
 from pathlib import Path
 
-_PACKAGE_DIR = Path(__file__).resolve().parent
 
-
-def _resource_dir(installed: str, in_repo: str) -> Path:
-    # A wheel carries sql/ and migrations/ inside the package; a source checkout (and an
-    # editable install) has them at the repository root.
-    candidate = _PACKAGE_DIR / installed
-    return candidate if candidate.is_dir() else _PACKAGE_DIR.parent / in_repo
+def _package_dir(name: str) -> Path:
+    # The package is installed as files (a wheel or an editable install), never zipped:
+    # alembic needs a real directory for its script location.
+    return Path(str(files("replaysafe_pg").joinpath(name)))
 
 
 def migrations_dir() -> Path:
-    return _resource_dir("_migrations", "migrations")
+    return _package_dir("migrations")
 
 
 def sql_dir() -> Path:
-    return _resource_dir("_sql", "sql")
+    return _package_dir("sql")

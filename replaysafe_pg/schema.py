@@ -2,7 +2,7 @@
 
 Three ways in, one implementation:
 
-* ``alembic upgrade head`` with the project's ``alembic.ini`` (``migrations/env.py`` calls
+* ``alembic upgrade head`` with the project's ``alembic.ini`` (``replaysafe_pg/migrations/env.py`` calls
   :func:`run_from_alembic_env`);
 * ``replaysafe_pg.migrate(dsn)`` from Python;
 * from a user's own alembic ``env.py``: call ``replaysafe_pg.migrate(connection)`` with the
@@ -35,12 +35,12 @@ VERSION_TABLE = "alembic_version"
 MIGRATION_LOCK_KEY = 0x7265706C61797361
 
 def schema_sql() -> str:
-    """The whole current schema as one SQL script (``sql/schema.sql``)."""
+    """The whole current schema as one SQL script (``replaysafe_pg/sql/schema.sql``)."""
     return (sql_dir() / "schema.sql").read_text(encoding="utf-8")
 
 
 def expected_objects() -> dict[str, set[str]]:
-    """What the migration creates in the schema, by kind (read from ``sql/schema.sql``):
+    """What the migration creates in the schema, by kind (read from ``replaysafe_pg/sql/schema.sql``):
     ``doctor`` reports anything else, and every function name is expected once."""
     import re
 
@@ -58,7 +58,7 @@ def expected_objects() -> dict[str, set[str]]:
 
 
 def expected_grants() -> set[tuple[str, str, str]]:
-    """``(kind, name, grantee)`` of every privilege ``sql/schema.sql`` grants: EXECUTE on a
+    """``(kind, name, grantee)`` of every privilege ``replaysafe_pg/sql/schema.sql`` grants: EXECUTE on a
     function to a group role, SELECT on a view, USAGE on the schema."""
     import re
 
@@ -258,7 +258,7 @@ def head_revision() -> str:
 
 
 def run_from_alembic_env(context: Any) -> None:
-    """Body of ``migrations/env.py`` (``alembic upgrade head`` with our alembic.ini)."""
+    """Body of ``replaysafe_pg/migrations/env.py`` (``alembic upgrade head`` with our alembic.ini)."""
     import sqlalchemy as sa
 
     config = context.config

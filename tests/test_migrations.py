@@ -1,4 +1,4 @@
-"""Migrations: sql/schema.sql and the alembic chain build the same schema; up → down → up;
+"""Migrations: replaysafe_pg/sql/schema.sql and the alembic chain build the same schema; up → down → up;
 concurrent migrators; the alembic CLI (online and --sql); a user's own alembic env."""
 
 from __future__ import annotations
