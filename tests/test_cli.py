@@ -403,7 +403,7 @@ def test_thread_output_escapes_control_characters(dsn: str) -> None:
 
 
 def test_escape_keeps_ordinary_unicode() -> None:
-    from replaysafe_pg._cli_render import escape
+    from replaysafe_pg.cli.render import escape
 
     assert escape("Grüße, 中文, 🦀 e\u0301") == "Grüße, 中文, 🦀 e\u0301"
     assert escape("a\x1bb\x00\t\r\n\x7f\x85\x9b\u202e\u2028") == \

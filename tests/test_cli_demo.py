@@ -32,7 +32,7 @@ def test_installed_console_script_demo_shows_one_refund_with_the_ledger_two_with
 def _agent_processes() -> list[int]:
     found = []
     for p in psutil.process_iter(attrs=["pid", "cmdline"]):
-        if "replaysafe_pg._demo_agent" in " ".join(p.info["cmdline"] or []):
+        if "replaysafe_pg.cli.demo_agent" in " ".join(p.info["cmdline"] or []):
             found.append(p.info["pid"])
     return found
 

@@ -45,9 +45,3 @@ SELECT count(*) FROM replaysafe.actions_v WHERE state::text IN ('succeeded', 'fa
 
 -- name: database_now --
 SELECT now()
-
--- name: read_thread --
-SELECT version, state, updated_at FROM replaysafe.read_thread(p_tenant_id => %(tenant_id)s, p_thread_id => %(thread_id)s, p_user_id => %(user_id)s::text)
-
--- name: thread_history --
-SELECT version, state, created_at FROM replaysafe.thread_history(p_tenant_id => %(tenant_id)s, p_thread_id => %(thread_id)s, p_user_id => %(user_id)s::text, p_limit => %(limit)s::integer)

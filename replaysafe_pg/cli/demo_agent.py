@@ -4,7 +4,7 @@ A scripted agent (no LLM, no network) keeps its conversation as versioned thread
 calls ``refund_order`` on a fake payment provider (a JSON-lines file outside the database,
 like any external API). It reports what it does as JSON lines on stdout; the demo narrates.
 
-Run as ``python -m replaysafe_pg._demo_agent`` with the configuration as JSON in the
+Run as ``python -m replaysafe_pg.cli.demo_agent`` with the configuration as JSON in the
 ``REPLAYSAFE_DEMO_CONFIG`` environment variable (not argv: the DSN may hold a password).
 
 The tool runs through ``Ledger.run`` (claim, run, record; wait for a live lease) and the

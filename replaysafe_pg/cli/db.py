@@ -17,8 +17,9 @@ from typing import Any
 
 import psycopg
 
-from replaysafe_pg import embedded, schema
+from replaysafe_pg import schema
 from replaysafe_pg._conn import pinned
+from replaysafe_pg.cli import embedded
 
 
 class ConnectError(Exception):

@@ -2,7 +2,7 @@
 
 Every subcommand accepts the global options (``--dsn``, ``--pgdata``, ``--ephemeral``,
 ``--json``, ``--debug``) before or after its name. Without a DSN an embedded Postgres is
-started and migrated (see :mod:`replaysafe_pg._cli_db`).
+started and migrated (see :mod:`replaysafe_pg.cli.db`).
 
 Exit status: 0 success; 1 ``audit`` found rows that need attention (or ``doctor`` found a
 problem); 2 an error (one line on stderr; ``--debug`` shows the traceback).
@@ -10,6 +10,7 @@ problem); 2 an error (one line on stderr; ``--debug`` shows the traceback).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import io
 import json
@@ -28,12 +29,13 @@ import psycopg
 import sqlalchemy.exc
 from psycopg.rows import dict_row
 
-from replaysafe_pg import _cli_render as render
 from replaysafe_pg import queries, schema
-from replaysafe_pg._cli_db import ConnectError, Database, first_line
+from replaysafe_pg.cli import render
+from replaysafe_pg.cli.db import ConnectError, Database, first_line
 from replaysafe_pg.errors import ReplaysafeError, SchemaNotInstalled, translate, wrap_errors
 from replaysafe_pg.ledger import Ledger
 from replaysafe_pg.models import ActionState
+from replaysafe_pg.threads import Threads
 
 EXIT_ATTENTION = 1
 EXIT_ERROR = 2
@@ -572,8 +574,8 @@ _USER = click.option("--user", "user_id", default=None,
 def threads_show(ctx: click.Context, conn: psycopg.Connection[Any], thread_id: str,
                  tenant_id: str, user_id: str | None) -> None:
     """Show the latest state of a thread."""
-    row = _rows(conn, "read_thread",
-                {"tenant_id": tenant_id, "thread_id": thread_id, "user_id": user_id})[0]
+    with Threads(conn, tenant_id=tenant_id, user_id=user_id) as th:
+        row = dataclasses.asdict(th.read(thread_id))
     if row["version"] == 0:
         raise NotFound(f"no thread {thread_id} for tenant {tenant_id}")
     data = {"tenant_id": tenant_id, "thread_id": thread_id, **row,
@@ -600,8 +602,8 @@ def threads_show(ctx: click.Context, conn: psycopg.Connection[Any], thread_id: s
 def threads_history(ctx: click.Context, conn: psycopg.Connection[Any], thread_id: str,
                     tenant_id: str, user_id: str | None, limit: int) -> None:
     """List the kept versions of a thread, newest first."""
-    rows = _rows(conn, "thread_history", {"tenant_id": tenant_id, "thread_id": thread_id,
-                                          "user_id": user_id, "limit": limit})
+    with Threads(conn, tenant_id=tenant_id, user_id=user_id) as th:
+        rows = [dataclasses.asdict(v) for v in th.history(thread_id, limit=limit)]
     if not rows:
         raise NotFound(f"no thread {thread_id} for tenant {tenant_id}")
     _emit(ctx, lambda: render.table(rows, ["version", "created_at", "state"]), rows)
@@ -616,7 +618,7 @@ def threads_history(ctx: click.Context, conn: psycopg.Connection[Any], thread_id
 @click.pass_context
 def demo(ctx: click.Context, lease: float) -> None:
     """The double refund, with and without the ledger (about 10 seconds)."""
-    from replaysafe_pg.demo import run_demo
+    from replaysafe_pg.cli.demo import run_demo
 
     state = _state(ctx)
     if schema.current_revision(state.db.dsn()) != schema.head_revision():

@@ -1,6 +1,6 @@
 """``replaysafe-pg demo``: the double refund, with and without the ledger.
 
-A support agent (:mod:`replaysafe_pg._demo_agent`, one OS process per worker) refunds an
+A support agent (:mod:`replaysafe_pg.cli.demo_agent`, one OS process per worker) refunds an
 order. The demo SIGKILLs the first worker at the worst moment — the provider has refunded,
 the ledger has not been told — and resumes the thread on a second worker. With the ledger
 the resumed step is not run blindly: the action is ``unknown``, the demo reconciles it with
@@ -29,10 +29,10 @@ from typing import IO, Any
 import psycopg
 from psycopg.rows import dict_row
 
-from replaysafe_pg import _cli_render as render
 from replaysafe_pg import queries
 from replaysafe_pg._conn import pinned
-from replaysafe_pg._demo_agent import CONFIG_ENV, CUSTOMER, EXIT_PARKED, FakePayments
+from replaysafe_pg.cli import render
+from replaysafe_pg.cli.demo_agent import CONFIG_ENV, CUSTOMER, EXIT_PARKED, FakePayments
 from replaysafe_pg.ledger import Ledger
 
 TENANT = "demo"
@@ -52,7 +52,7 @@ class Worker:
         self.name = name
         env = os.environ | {CONFIG_ENV: json.dumps(cfg | {"worker": name})}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "replaysafe_pg._demo_agent"], env=env,
+            [sys.executable, "-m", "replaysafe_pg.cli.demo_agent"], env=env,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self._events: queue.Queue[dict[str, Any] | None] = queue.Queue()
         threading.Thread(target=self._pump, args=(self.proc.stdout,), daemon=True).start()
