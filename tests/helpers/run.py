@@ -1,5 +1,5 @@
 """Helpers for the Ledger.run tests: a side-effect table, a fake payment provider on
-127.0.0.1, and worker processes (tests/_run_worker.py) that can be killed at chosen points."""
+127.0.0.1, and worker processes (tests/helpers/run_worker.py) that can be killed at chosen points."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import psycopg
 
 from replaysafe_pg import Execution
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 ROOT = TESTS.parent
 
 
@@ -126,13 +126,13 @@ class Provider:
 # --- worker processes ------------------------------------------------------------------
 
 class Worker:
-    """``python tests/_run_worker.py CONFIG``; its stdout lines arrive on a queue."""
+    """``python tests/helpers/run_worker.py CONFIG``; its stdout lines arrive on a queue."""
 
     def __init__(self, **config: Any) -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(TESTS), env.get("PYTHONPATH", "")])
         self.proc = subprocess.Popen(
-            [sys.executable, str(TESTS / "_run_worker.py"), json.dumps(config)],
+            [sys.executable, str(TESTS / "helpers" / "run_worker.py"), json.dumps(config)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env=env)
         self.lines: queue.Queue[str | None] = queue.Queue()

@@ -13,7 +13,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from _db_helpers import cloned_database, derived_key, reset_ledger
+from helpers.db import cloned_database, derived_key, reset_ledger
 
 from replaysafe_pg import Ledger
 

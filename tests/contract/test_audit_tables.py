@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 import sqlalchemy as sa
-from _cli_helpers import at
+from helpers.cli import at
 from sqlalchemy.dialects import postgresql
 
 from replaysafe_pg import Ledger, audit
@@ -74,7 +74,7 @@ def _doc_blocks(language: str) -> list[str]:
     import re
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parent.parent / "docs" / "audit.md").read_text(encoding="utf-8")
+    text = (Path(__file__).resolve().parents[2] / "docs" / "audit.md").read_text(encoding="utf-8")
     return re.findall(rf"```{language}\n(.*?)```", text, re.DOTALL)
 
 

@@ -16,11 +16,11 @@ from typing import Any
 
 import psycopg
 import pytest
-from _db_helpers import bind, connect_as
+from helpers.db import bind, connect_as
 from psycopg import sql
 
 Conn = psycopg.Connection[Any]
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MakeRole = Callable[..., str]
 
 TABLES = ("actions", "action_attempts", "role_bindings", "installation", "threads",
@@ -651,7 +651,7 @@ def test_binding_is_the_owners_even_with_execute_granted_by_mistake(world: str,
 
 def test_the_cli_and_the_driver_never_resolve_through_a_hostile_search_path(
         world: str, make_role: MakeRole) -> None:
-    from _cli_helpers import run
+    from helpers.cli import run
 
     from replaysafe_pg import Ledger, Threads
 

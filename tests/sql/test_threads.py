@@ -15,7 +15,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from _threads_helpers import increment
+from helpers.threads import increment
 from psycopg_pool import ConnectionPool
 
 from replaysafe_pg import (

@@ -22,7 +22,7 @@ from psycopg import conninfo as pg_conninfo
 import replaysafe_pg
 from replaysafe_pg.schema import head_revision, schema_sql, sqlalchemy_url
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def pg_tool(name: str) -> str:

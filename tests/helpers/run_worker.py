@@ -1,4 +1,4 @@
-"""A worker process for the Ledger.run crash and storm tests (see _run_helpers.Worker).
+"""A worker process for the Ledger.run crash and storm tests (see helpers.run.Worker).
 
 It prints progress markers on stdout; a ``STOP`` marker is followed by blocking on stdin,
 so the test can SIGKILL (or SIGSTOP) it at exactly that point.
@@ -13,8 +13,8 @@ import urllib.request
 from typing import Any
 
 import psycopg
-from _run_helpers import add_effect, execution_json
 
+from helpers.run import add_effect, execution_json
 from replaysafe_pg import Execution, Ledger
 
 

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from _db_helpers import derived_key
-from _run_helpers import (
+from helpers.db import derived_key
+from helpers.run import (
     Provider,
     Worker,
     action_row,

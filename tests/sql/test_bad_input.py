@@ -15,7 +15,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from _db_helpers import cloned_database, reset_ledger
+from helpers.db import cloned_database, reset_ledger
 
 from replaysafe_pg import AsyncLedger, InvalidArgument, Ledger, Threads
 

@@ -59,6 +59,6 @@ def script_env(**extra: str) -> dict[str, str]:
     from pathlib import Path
 
     env = {k: v for k, v in os.environ.items() if k != "REPLAYSAFE_DSN"}
-    root = str(Path(__file__).resolve().parent.parent)
+    root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env | extra

@@ -7,7 +7,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from _db_helpers import derived_key
+from helpers.db import derived_key
 
 from replaysafe_pg import (
     ActionState,

@@ -9,13 +9,12 @@ from typing import Any
 
 import psycopg
 import pytest
-from _cli_helpers import assert_one_line_error, at, run, run_json
+from helpers.cli import assert_one_line_error, at, run, run_json
 from psycopg import conninfo as pg_conninfo
 
 import replaysafe_pg
 import replaysafe_pg.schema
 from replaysafe_pg import Ledger
-from replaysafe_pg.cli import parse_duration
 
 LEASE = timedelta(seconds=30)
 
@@ -302,19 +301,6 @@ def test_global_options_after_the_subcommand_and_from_the_environment(dsn: str) 
     assert from_env.exit_code == 0 and from_env.stdout.strip().startswith("{")
 
 
-@pytest.mark.parametrize(("text", "seconds"), [
-    ("7d", 7 * 86400), ("2h", 7200), ("30m", 1800), ("90s", 90), ("1d12h", 129600), ("2w", 1209600),
-    ("1.5h", 5400)])
-def test_durations(text: str, seconds: int) -> None:
-    assert parse_duration(text) == timedelta(seconds=seconds)
-
-
-@pytest.mark.parametrize("text", ["", "7", "d", "7 parsecs", "-1d", "1d garbage"])
-def test_bad_durations(text: str) -> None:
-    with pytest.raises(ValueError, match="not a duration"):
-        parse_duration(text)
-
-
 def test_doctor_lists_objects_the_migration_did_not_create_or_another_role_owns(
         dsn: str, make_role: Any) -> None:
     assert run("doctor", dsn=dsn).exit_code == 0
@@ -400,15 +386,6 @@ def test_thread_output_escapes_control_characters(dsn: str) -> None:
     _no_raw_controls(run("threads", "history", thread, "--tenant", "t1", dsn=dsn))
     assert json.loads(run("--json", "threads", "show", thread, "--tenant", "t1",
                           dsn=dsn).stdout)["state"]["say"] == "hi\x1b[31m\x9b\x7f"
-
-
-def test_escape_keeps_ordinary_unicode() -> None:
-    from replaysafe_pg.cli.render import escape
-
-    assert escape("Grüße, 中文, 🦀 e\u0301") == "Grüße, 中文, 🦀 e\u0301"
-    assert escape("a\x1bb\x00\t\r\n\x7f\x85\x9b\u202e\u2028") == \
-        "a\\x1bb\\x00\\t\\r\\n\\x7f\\x85\\x9b\\u202e\\u2028"
-    assert escape("two\nlines", keep_newlines=True) == "two\nlines"
 
 
 def test_doctor_notices_privileges_the_migration_does_not_grant(dsn: str) -> None:

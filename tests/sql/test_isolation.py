@@ -11,7 +11,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from _db_helpers import bind, connect_as
+from helpers.db import bind, connect_as
 from psycopg import conninfo as pg_conninfo
 from psycopg import sql
 

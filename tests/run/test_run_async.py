@@ -7,8 +7,8 @@ import time
 from typing import Any
 
 import pytest
-from _db_helpers import derived_key
-from _run_helpers import action_row, add_effect, attempt_rows, count_effects, make_effects_table
+from helpers.db import derived_key
+from helpers.run import action_row, add_effect, attempt_rows, count_effects, make_effects_table
 
 from replaysafe_pg import AsyncLedger, InvalidArgument, UnstorableResult
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import psutil
 import psycopg
-from _cli_helpers import console_script, run, script_env
+from helpers.cli import console_script, run, script_env
 
 from replaysafe_pg import embedded, schema
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from _ledger_race_helpers import (
+from helpers.ledger_race import (
     Background,
     claim_sql,
     install_transition_log,

@@ -8,7 +8,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from _run_helpers import Worker, action_row, add_effect, attempt_rows, count_effects, make_effects_table
+from helpers.run import Worker, action_row, add_effect, attempt_rows, count_effects, make_effects_table
 
 from replaysafe_pg import Execution, Ledger
 
