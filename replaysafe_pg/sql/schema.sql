@@ -1501,9 +1501,6 @@ END
 $revoke$;
 
 DO $grants$
-DECLARE
-    v_views constant text := 'replaysafe.actions_v, replaysafe.action_attempts_v, '
-        'replaysafe.unresolved_actions, replaysafe.multi_effect_actions, replaysafe.threads_v';
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'replaysafe_worker') THEN
         GRANT USAGE ON SCHEMA replaysafe TO replaysafe_worker;
@@ -1520,11 +1517,15 @@ BEGIN
             replaysafe.thread_history(text, text, text, integer),
             replaysafe.delete_thread(text, text, text)
         TO replaysafe_worker;
-        EXECUTE 'GRANT SELECT ON ' || v_views || ' TO replaysafe_worker';
+        GRANT SELECT ON replaysafe.actions_v, replaysafe.action_attempts_v, replaysafe.unresolved_actions,
+            replaysafe.multi_effect_actions, replaysafe.threads_v
+        TO replaysafe_worker;
     END IF;
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'replaysafe_auditor') THEN
         GRANT USAGE ON SCHEMA replaysafe TO replaysafe_auditor;
-        EXECUTE 'GRANT SELECT ON ' || v_views || ' TO replaysafe_auditor';
+        GRANT SELECT ON replaysafe.actions_v, replaysafe.action_attempts_v, replaysafe.unresolved_actions,
+            replaysafe.multi_effect_actions, replaysafe.threads_v
+        TO replaysafe_auditor;
     END IF;
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'replaysafe_operator') THEN
         GRANT USAGE ON SCHEMA replaysafe TO replaysafe_operator;
@@ -1534,7 +1535,9 @@ BEGIN
             replaysafe.purge_actions(interval, integer, timestamptz),
             replaysafe.sweep_expired_actions(integer, timestamptz)
         TO replaysafe_operator;
-        EXECUTE 'GRANT SELECT ON ' || v_views || ' TO replaysafe_operator';
+        GRANT SELECT ON replaysafe.actions_v, replaysafe.action_attempts_v, replaysafe.unresolved_actions,
+            replaysafe.multi_effect_actions, replaysafe.threads_v
+        TO replaysafe_operator;
     END IF;
 END
 $grants$;
