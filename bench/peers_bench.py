@@ -1,4 +1,4 @@
-"""Our driver against the peers named in ANCHORS.md, measured in one run on one server.
+"""Our driver against the peers named in docs/targets.md, measured in one run on one server.
 
     pip install -e '.[bench-peers]'      # langgraph-checkpoint-postgres, dbos, agent-outbox
     PYTHONPATH=. python bench/peers_bench.py [--window 0.4] [--windows 6] [--no-c4]
@@ -305,7 +305,7 @@ class Pair:
     peer_cls: Callable[[Env, str], Callable[[], None]]
     ours_label: str
     ours_cls: Callable[[Env, str], Callable[[], None]]
-    target: float | None  # ours/peer wanted by ANCHORS.md
+    target: float | None  # ours/peer wanted by docs/targets.md
     window_scale: float = 1.0  # longer windows for a slow peer, so each holds enough calls
     floor_label: str | None = None  # a third side: what ours would do without its Python
     floor_cls: Callable[[Env, str], Callable[[], None]] | None = None

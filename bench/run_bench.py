@@ -35,8 +35,8 @@ warnings.filterwarnings("ignore", module="platformdirs")
 import replaysafe_pg  # noqa: E402
 from replaysafe_pg import Ledger, embedded, queries  # noqa: E402
 
-DBOS_ONE_STEP = 163.0  # ops/s, docs ANCHORS (c=1)
-WRAPPED_SQL_FLOOR = 2700.0  # ops/s, ANCHORS: claim+complete as plpgsql functions (c=1)
+DBOS_ONE_STEP = 163.0  # ops/s, docs/targets.md (c=1)
+WRAPPED_SQL_FLOOR = 2700.0  # ops/s, docs/targets.md: claim+complete as plpgsql functions (c=1)
 
 
 class CountingCursor(psycopg.Cursor[Any]):
@@ -231,7 +231,7 @@ def main() -> None:
         print(f"run/direct, replay:     {replay:.2f}x (c=1)"
               + (f", {c4['run_replay'] / c4['direct_replay']:.2f}x (c=4)" if c4 else ""))
         target = 10 * DBOS_ONE_STEP / WRAPPED_SQL_FLOOR
-        print(f"ESTIMATE ONLY (scaled by ANCHORS' numbers, not measured): 10x DBOS one-step "
+        print(f"ESTIMATE ONLY (scaled by the reference numbers of docs/targets.md, not measured): 10x DBOS one-step "
               f">= {target:.2f}x the floor; run() first call here = {first:.2f}x. Commit costs "
               f"differ between machines: measure DBOS itself with bench/peers_bench.py.")
     finally:

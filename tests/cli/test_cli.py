@@ -250,7 +250,7 @@ def _has_threads(dsn: str) -> bool:
 
 def test_threads_show_and_history(dsn: str) -> None:
     if not _has_threads(dsn):
-        pytest.skip("thread state (SPEC §3) is not in this schema yet")
+        pytest.skip("thread state (docs/threads.md) is not in this schema yet")
     with psycopg.connect(dsn, autocommit=True) as conn:
         for version, step in enumerate(["greet", "refund", "bye"]):
             conn.execute("SELECT replaysafe.write_thread(p_tenant_id => 't1', p_thread_id => 'th',"
@@ -375,7 +375,7 @@ def test_human_output_escapes_control_characters_in_every_value(dsn: str) -> Non
 
 def test_thread_output_escapes_control_characters(dsn: str) -> None:
     if not _has_threads(dsn):
-        pytest.skip("thread state (SPEC §3) is not in this schema yet")
+        pytest.skip("thread state (docs/threads.md) is not in this schema yet")
     thread = "th\x1b[2J"
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("SELECT replaysafe.write_thread(p_tenant_id => 't1', p_thread_id => %s,"

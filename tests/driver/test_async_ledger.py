@@ -189,7 +189,7 @@ def test_ledger_with_a_dsn_reconnects_after_the_connection_is_lost(dsn: str,
         assert led.claim("b", "op", {}).outcome == "claimed"
 
 
-# --- run never joins the caller's transaction (SPEC §6) ------------------------------------------
+# --- run never joins the caller's transaction (docs/run.md) ------------------------------------------
 
 class Tool:
     """Counts its calls: the effect that must not happen twice."""

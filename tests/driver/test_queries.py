@@ -1,4 +1,4 @@
-"""The driver sends ``p_now`` only when the caller passes a ``now`` (SPEC §2, STYLE 7):
+"""The driver sends ``p_now`` only when the caller passes a ``now`` (docs/sql-ledger.md):
 otherwise the argument is left out, so the function's default — the moment of the call —
 applies, not the start of the caller's transaction and not a client clock."""
 

@@ -32,7 +32,7 @@ def reset_ledger(conn: psycopg.Connection[Any]) -> None:
 
 def derived_key(dsn: str, tenant_id: str, action_key: str) -> str:
     """The idempotency key the database derives for a pair, read as the schema owner (the
-    test's superuser): no Python helper computes it (SPEC §4)."""
+    test's superuser): no Python helper computes it (docs/isolation.md)."""
     with psycopg.connect(dsn, autocommit=True) as c:
         row = c.execute("SELECT replaysafe.idempotency_key(%s, %s)",
                         (tenant_id, action_key)).fetchone()

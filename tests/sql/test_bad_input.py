@@ -1,4 +1,4 @@
-"""Bad input to every ledger function (SPEC §2, §5): RS005 naming the argument, nothing written.
+"""Bad input to every ledger function (docs/sql-ledger.md, docs/errors.md): RS005 naming the argument, nothing written.
 
 Each case starts from a call that would succeed and write (a new key to claim, a live attempt
 to report on, an unknown action to resolve, an expired lease to sweep, an old action to
@@ -322,7 +322,7 @@ def test_driver_rejects_bad_ids_and_leases(prepared: psycopg.Connection[Any], le
 # --- driver side: types and ranges, refused before anything is sent ---------------------------
 
 NOT_TEXT: list[Any] = [b"k", 42, 4.2, ["k"]]
-# Within 512 characters, over 1,024 bytes in UTF-8 (SPEC §2): both limits hold.
+# Within 512 characters, over 1,024 bytes in UTF-8 (docs/sql-ledger.md): both limits hold.
 TOO_MANY_BYTES = ["\u4e2d" * 342, "\U0001f980" * 257]
 BAD_TEXT: list[Any] = ["", LONG, *TOO_MANY_BYTES, "a\ud800b", "a\u0000b"]
 
@@ -425,7 +425,7 @@ BAD_LEASES: list[Any] = [math.inf, -math.inf, math.nan, 0, 0.0, -1, 1e300, 7 * 8
 
 def test_driver_rejects_leases_out_of_range(prepared: psycopg.Connection[Any],
                                             ledger: Ledger) -> None:
-    """Positive, finite, at most 7 days (SPEC §2). inf used to raise OverflowError."""
+    """Positive, finite, at most 7 days (docs/sql-ledger.md). inf used to raise OverflowError."""
     before = snapshot(prepared)
     calls: list[tuple[str, Callable[[Any], Any]]] = [
         ("claim", lambda v: ledger.claim("new", "op", {}, lease=v)),

@@ -1,4 +1,4 @@
-"""SPEC §4: tenant isolation by role binding, for every function and for direct SQL on every
+"""docs/isolation.md: tenant isolation by role binding, for every function and for direct SQL on every
 table and view of the schema. The functions are the only way in (SECURITY DEFINER); no group
 role holds a privilege on a table; the views show the caller's tenant. Roles are real LOGIN
 roles. The attacks of the security review are in test_trust_boundary.py."""

@@ -1,4 +1,4 @@
-"""SPEC §2, row by row, against a real Postgres. The clock is p_now: no sleeps."""
+"""docs/sql-ledger.md, row by row, against a real Postgres. The clock is p_now: no sleeps."""
 
 from __future__ import annotations
 

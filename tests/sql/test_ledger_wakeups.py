@@ -1,4 +1,4 @@
-"""Wake-ups (SPEC §2): one NOTIFY on replaysafe_actions, payload exactly the idempotency key,
+"""Wake-ups (docs/sql-ledger.md): one NOTIFY on replaysafe_actions, payload exactly the idempotency key,
 when an action with registered waiters leaves "running" — and none when nobody waits.
 
 Absence is asserted by a short read of the listener (0.2 s): a NOTIFY is delivered when

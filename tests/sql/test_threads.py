@@ -1,4 +1,4 @@
-"""SPEC §3 (thread state) against a real Postgres: CAS writes, tombstones, bounded history,
+"""docs/threads.md (thread state) against a real Postgres: CAS writes, tombstones, bounded history,
 ownership, bad input, and concurrent writers as connections and as processes."""
 
 from __future__ import annotations

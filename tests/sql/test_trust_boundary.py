@@ -1,4 +1,4 @@
-"""SPEC §4, the trust boundary, tried as an attacker holding a worker's credentials.
+"""docs/isolation.md, the trust boundary, tried as an attacker holding a worker's credentials.
 
 Each test reproduces one finding of the security review (docs/isolation.md, threat model):
 it fails on the 0002 schema and passes on the current one. Roles are real LOGIN roles.

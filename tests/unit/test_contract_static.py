@@ -28,7 +28,7 @@ def test_every_rs_sqlstate_raised_in_sql_is_mapped() -> None:
 
 
 def test_no_python_helper_computes_the_idempotency_key() -> None:
-    """SPEC §4: the key reaches a caller only in the answer to its own claim."""
+    """docs/isolation.md: the key reaches a caller only in the answer to its own claim."""
     import replaysafe_pg
     from replaysafe_pg import keys
 

@@ -23,7 +23,7 @@ def test_tool_call_key_is_stable_and_unambiguous() -> None:
 
 
 def test_tool_call_key_stays_within_512_characters_and_1024_bytes() -> None:
-    """SPEC §2 limits both: 400 CJK characters are 1,200 bytes in UTF-8."""
+    """The id limits (docs/sql-ledger.md) both: 400 CJK characters are 1,200 bytes in UTF-8."""
     cases = [("\u4e2d" * 400, "m", "c"), ("\u4e2d" * 170, "\u6587" * 170, "c"),
              ("\U0001f980" * 300, "m", "c"), ("t" * 300, "m" * 300, "c"), ("t", "m", "\u00e9" * 500)]
     for parts in cases:
