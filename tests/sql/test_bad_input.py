@@ -1,4 +1,5 @@
-"""Bad input to every ledger function (docs/sql-ledger.md, docs/errors.md): RS005 naming the argument, nothing written.
+"""Bad input to every ledger function (docs/sql-ledger.md, docs/errors.md): RS005 naming the
+argument, nothing written.
 
 Each case starts from a call that would succeed and write (a new key to claim, a live attempt
 to report on, an unknown action to resolve, an expired lease to sweep, an old action to
