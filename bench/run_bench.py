@@ -232,8 +232,8 @@ def main() -> None:
               + (f", {c4['run_replay'] / c4['direct_replay']:.2f}x (c=4)" if c4 else ""))
         target = 10 * DBOS_ONE_STEP / WRAPPED_SQL_FLOOR
         print(f"ESTIMATE ONLY (scaled by the reference numbers of docs/targets.md, not measured): "
-              f"10x DBOS one-step >= {target:.2f}x the floor; run() first call here = {first:.2f}x. Commit costs "
-              f"differ between machines: measure DBOS itself with bench/peers_bench.py.")
+              f"10x DBOS one-step >= {target:.2f}x the floor; run() first call here = {first:.2f}x. "
+              f"Commit costs differ between machines: measure DBOS itself with bench/peers_bench.py.")
     finally:
         embedded.stop(server)
         shutil.rmtree(tmp, ignore_errors=True)
