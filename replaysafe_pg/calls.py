@@ -133,18 +133,20 @@ class Calls:
         return self._key(action_key) | {"attempt": _args.integer(attempt, "attempt"),
                                         "now": _args.moment(now)}
 
+    def _claim_options(self, lease: Lease, thread_id: str | None, on_expired: str,
+                       now: datetime | None) -> dict[str, Any]:
+        """What ``claim_action`` and ``claim_actions`` both take after the calls."""
+        return {"worker_id": self.worker_id, "lease": _args.lease(lease),
+                "thread_id": _args.optional_id(thread_id, "thread_id"),
+                "on_expired": _args.text(on_expired, "on_expired"), "now": _args.moment(now)}
+
     def claim(self, action_key: str, operation: str, request: dict[str, Any] | Encoded,
               lease: Lease, thread_id: str | None, on_expired: str,
               now: datetime | None) -> Statement[Claim]:
         return Statement("claim_action", self._key(action_key) | {
             "operation": _args.text_id(operation, "operation"),
             "request": _json_object(request, "request"),
-            "worker_id": self.worker_id,
-            "lease": _args.lease(lease),
-            "thread_id": _args.optional_id(thread_id, "thread_id"),
-            "on_expired": _args.text(on_expired, "on_expired"),
-            "now": _args.moment(now),
-        }, _claim)
+        } | self._claim_options(lease, thread_id, on_expired, now), _claim)
 
     def claim_many(self, calls: Sequence[tuple[str, str, dict[str, Any] | Encoded]], lease: Lease,
                    thread_id: str | None, on_expired: str,
@@ -156,12 +158,7 @@ class Calls:
             "action_keys": [_args.text_id(key, "action_key") for key, _, _ in calls],
             "operations": [_args.text_id(op, "operation") for _, op, _ in calls],
             "requests": [_json_object(req, "request") for _, _, req in calls],
-            "worker_id": self.worker_id,
-            "lease": _args.lease(lease),
-            "thread_id": _args.optional_id(thread_id, "thread_id"),
-            "on_expired": _args.text(on_expired, "on_expired"),
-            "now": _args.moment(now),
-        }, _claims)
+        } | self._claim_options(lease, thread_id, on_expired, now), _claims)
 
     def heartbeat(self, action_key: str, attempt: int, lease: Lease,
                   now: datetime | None) -> Statement[datetime]:

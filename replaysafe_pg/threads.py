@@ -19,7 +19,22 @@ __all__ = ["AsyncThreads", "ThreadState", "ThreadVersion", "Threads"]
 T = TypeVar("T")
 
 
-class Threads:
+class _ThreadsBase:
+    """What both flavours share: the calls bound to tenant and user."""
+
+    def __init__(self, *, tenant_id: str, user_id: str | None) -> None:
+        self._calls = ThreadCalls(tenant_id, user_id)
+
+    @property
+    def tenant_id(self) -> str:
+        return self._calls.tenant_id
+
+    @property
+    def user_id(self) -> str | None:
+        return self._calls.user_id
+
+
+class Threads(_ThreadsBase):
     """Thread state for one tenant (and optionally one user), synchronous.
 
     ``conninfo`` is a DSN (one autocommit connection is opened lazily), a psycopg connection,
@@ -29,16 +44,8 @@ class Threads:
 
     def __init__(self, conninfo: Conninfo, *, tenant_id: str = "default",
                  user_id: str | None = None) -> None:
-        self._calls = ThreadCalls(tenant_id, user_id)
+        super().__init__(tenant_id=tenant_id, user_id=user_id)
         self._source = SyncSource(conninfo)
-
-    @property
-    def tenant_id(self) -> str:
-        return self._calls.tenant_id
-
-    @property
-    def user_id(self) -> str | None:
-        return self._calls.user_id
 
     def close(self) -> None:
         self._source.close()
@@ -71,21 +78,13 @@ class Threads:
         return self._send(self._calls.delete(thread_id))
 
 
-class AsyncThreads:
+class AsyncThreads(_ThreadsBase):
     """Thread state for one tenant (asyncio); same methods as :class:`Threads`."""
 
     def __init__(self, conninfo: AsyncConninfo, *, tenant_id: str = "default",
                  user_id: str | None = None) -> None:
-        self._calls = ThreadCalls(tenant_id, user_id)
+        super().__init__(tenant_id=tenant_id, user_id=user_id)
         self._source = AsyncSource(conninfo)
-
-    @property
-    def tenant_id(self) -> str:
-        return self._calls.tenant_id
-
-    @property
-    def user_id(self) -> str | None:
-        return self._calls.user_id
 
     async def close(self) -> None:
         await self._source.close()
