@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from replaysafe_pg import _tracing, runner
@@ -25,7 +26,7 @@ from replaysafe_pg.runner import Plan, Steps
 T = TypeVar("T")
 
 
-async def drive(steps: Steps[T], perform: Any) -> T:
+async def drive(steps: Steps[T], perform: Callable[[runner.Effect], Awaitable[Any]]) -> T:
     """See :func:`replaysafe_pg.run.drive`; ``perform`` is a coroutine function."""
     stepper = runner.Stepper(steps)
     while (effect := stepper.effect) is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -24,7 +25,7 @@ from replaysafe_pg.runner import Plan, Steps
 T = TypeVar("T")
 
 
-def drive(steps: Steps[T], perform: Any) -> T:
+def drive(steps: Steps[T], perform: Callable[[runner.Effect], Any]) -> T:
     """Run ``steps`` to their end, performing each effect they yield."""
     stepper = runner.Stepper(steps)
     while (effect := stepper.effect) is not None:
