@@ -14,7 +14,7 @@ from typing import Any
 
 from replaysafe_pg.errors import InvalidArgument
 
-# SPEC §2: every id is non-empty text of at most 512 characters and 1,024 bytes in UTF-8.
+# docs/sql-ledger.md: every id is non-empty text of at most 512 characters and 1,024 bytes in UTF-8.
 MAX_ID_CHARS = 512
 MAX_ID_BYTES = 1024
 MAX_LEASE = timedelta(days=7)
@@ -105,7 +105,7 @@ def duration(value: Any, what: str) -> timedelta:
 
 
 def lease(value: Any, what: str = "lease") -> timedelta:
-    """Positive, finite, at most 7 days (SPEC §2)."""
+    """Positive, finite, at most 7 days (docs/sql-ledger.md)."""
     interval = duration(value, what)
     if interval <= timedelta(0):
         raise InvalidArgument(f"{what} must be positive, got {interval}")

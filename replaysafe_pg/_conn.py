@@ -62,7 +62,7 @@ _OPEN = (TransactionStatus.INTRANS, TransactionStatus.INERROR)
 
 
 def refuse_open_transaction(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
-    """SPEC §6: ``run`` never joins the caller's transaction. Joined, its claim would vanish
+    """docs/run.md: ``run`` never joins the caller's transaction. Joined, its claim would vanish
     with the caller's rollback, and the next run would call the tool a second time."""
     if conn.info.transaction_status in _OPEN:
         raise InvalidArgument(

@@ -1,13 +1,16 @@
-"""Background heartbeats for the actions a sync ``Ledger.run`` is executing.
+"""Background heartbeats for the actions ``Ledger.run`` and ``AsyncLedger.run`` execute.
 
-One daemon thread per ledger serves every running action: registering an action costs a
+Sync: one daemon thread per ledger serves every running action: registering an action costs a
 heap push, and nothing is sent for tools that return before a third of their lease. The
 thread opens its own connection (from a DSN) only when a heartbeat is due, so a heartbeat
 never waits behind the records and claims on the ledger's connection.
+
+Async: one task per running action, on a connection opened only once a heartbeat is due.
 """
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import itertools
 import logging
@@ -18,37 +21,17 @@ from typing import Any
 
 import psycopg
 
-from replaysafe_pg import queries
-from replaysafe_pg._conn import SyncSource, execute_on
+from replaysafe_pg._conn import AsyncSource, SyncSource, aexecute_on, execute_on
+from replaysafe_pg.calls import Statement
 from replaysafe_pg.errors import LeaseLost
+from replaysafe_pg.runner import RETRY_ERRORS, Ticket, lease_lost_warning
 
 log = logging.getLogger("replaysafe_pg.run")
 
-RETRY_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError)
-
-
-class Ticket:
-    """One running attempt. ``lease_lost`` is set when a heartbeat finds the lease gone."""
-
-    __slots__ = ("action_key", "attempt", "done", "interval", "lease_lost", "params", "recording")
-
-    def __init__(self, action_key: str, attempt: int, params: dict[str, Any], interval: float) -> None:
-        self.action_key = action_key
-        self.attempt = attempt
-        self.params = params
-        self.interval = interval
-        self.done = False
-        # While the outcome is being written a lost lease is reported by the write itself.
-        self.recording = False
-        self.lease_lost = False
-
-
-def lease_lost_warning(action_key: str, attempt: int, how: str) -> None:
-    log.warning("attempt %d of action %r lost its lease (%s): another attempt may run or may have "
-                "run it; this attempt's report cannot overwrite that outcome", attempt, action_key, how)
-
 
 class Heartbeater:
+    """The thread that sends the heartbeats of a sync ledger's running attempts."""
+
     def __init__(self, source: SyncSource) -> None:
         self._source = source
         self._cond = threading.Condition()
@@ -59,13 +42,11 @@ class Heartbeater:
         self._closed = False
         self._conn: psycopg.Connection[Any] | None = None
 
-    def start(self, action_key: str, attempt: int, params: dict[str, Any],
-              lease_seconds: float) -> Ticket:
-        ticket = Ticket(action_key, attempt, params, lease_seconds / 3)
+    def start(self, ticket: Ticket) -> None:
         due = time.monotonic() + ticket.interval
         with self._cond:
             if self._closed:
-                return ticket
+                return
             heapq.heappush(self._heap, (due, next(self._seq), ticket))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="replaysafe-heartbeat",
@@ -73,7 +54,6 @@ class Heartbeater:
                 self._thread.start()
             elif due < self._wake_at:
                 self._cond.notify()
-        return ticket
 
     @staticmethod
     def stop(ticket: Ticket) -> None:
@@ -119,8 +99,8 @@ class Heartbeater:
                         heapq.heappush(self._heap,
                                        (time.monotonic() + delay, next(self._seq), ticket))
 
-    def _execute(self, params: dict[str, Any]) -> None:
-        query = queries.get("heartbeat_action", params)
+    def _execute(self, statement: Statement[Any]) -> None:
+        query, params = statement.query, statement.params
         if self._source.pooled:
             self._source.execute(query, params)  # a pool lends one per beat
             return
@@ -133,7 +113,7 @@ class Heartbeater:
     def _beat(self, ticket: Ticket) -> float | None:
         """Heartbeat once; seconds until the next one, or None to stop."""
         try:
-            self._execute(ticket.params)
+            self._execute(ticket.heartbeat)
         except LeaseLost:
             ticket.lease_lost = True
             if not ticket.recording and not ticket.done:
@@ -150,3 +130,50 @@ class Heartbeater:
                           ticket.attempt)
             return ticket.interval / 2
         return ticket.interval
+
+
+class AsyncHeartbeats:
+    """A task per running attempt: extend the lease every third of it, on a connection
+    opened only once one is due."""
+
+    def __init__(self, source: AsyncSource) -> None:
+        self._source = source
+        self._tasks: dict[Ticket, asyncio.Task[None]] = {}
+
+    def start(self, ticket: Ticket) -> None:
+        self._tasks[ticket] = asyncio.create_task(self._beat(ticket))
+
+    def stop(self, ticket: Ticket) -> None:
+        ticket.done = True
+        task = self._tasks.pop(ticket)
+        task.cancel()
+        task.add_done_callback(_consume)
+
+    async def _beat(self, ticket: Ticket) -> None:
+        await asyncio.sleep(ticket.interval)
+        query, params = ticket.heartbeat.query, ticket.heartbeat.params
+        while True:
+            try:
+                async with self._source.dedicated() as conn:
+                    while True:
+                        await aexecute_on(conn, query, params)
+                        await asyncio.sleep(ticket.interval)
+            except LeaseLost:
+                ticket.lease_lost = True
+                if not ticket.recording:
+                    lease_lost_warning(ticket.action_key, ticket.attempt, "heartbeat refused")
+                return
+            except RETRY_ERRORS as exc:
+                log.warning("heartbeat for action %r (attempt %d) failed, retrying: %s",
+                            ticket.action_key, ticket.attempt, exc)
+                await asyncio.sleep(ticket.interval / 2)
+            except Exception:
+                # As the sync heartbeat does: never die silently while the tool still runs.
+                log.exception("heartbeat for action %r (attempt %d) failed", ticket.action_key,
+                              ticket.attempt)
+                await asyncio.sleep(ticket.interval / 2)
+
+
+def _consume(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("heartbeat task failed", exc_info=task.exception())

@@ -1,6 +1,6 @@
 """Stable, unambiguous action keys.
 
-The derived ``idempotency_key`` has no Python helper (SPEC §4): the database derives it with
+The derived ``idempotency_key`` has no Python helper (docs/isolation.md): the database derives it with
 the installation's secret, and a caller gets it only in the answer to its own claim
 (``Claim.idempotency_key``, ``Execution.idempotency_key``).
 """

@@ -102,3 +102,22 @@ class Attempt:
         if values[6] is not None:
             values[6] = ActionState(values[6])
         return cls(*values)
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadState:
+    """What ``read_thread`` answered: ``version`` 0 and ``state`` None when the thread was
+    never written; the tombstone's version and ``state`` None after a delete."""
+
+    version: int
+    state: dict[str, Any] | None
+    updated_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadVersion:
+    """One kept version from ``thread_history``."""
+
+    version: int
+    state: dict[str, Any]
+    created_at: datetime

@@ -2,63 +2,36 @@
 
 Every write is a compare-and-swap: ``write`` needs the version the caller last read (``0`` to
 create) and raises :class:`~replaysafe_pg.errors.StaleStateError` when another write got
-there first. Each method is one round trip (a named query from ``sql/queries.sql``).
+there first. Each method is one round trip; its parameters and answer are those of
+:class:`~replaysafe_pg.calls.ThreadCalls`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
-from replaysafe_pg import _args, _json, queries
 from replaysafe_pg._conn import AsyncConninfo, AsyncSource, Conninfo, SyncSource
-from replaysafe_pg.errors import InvalidArgument
+from replaysafe_pg.calls import Statement, ThreadCalls
+from replaysafe_pg.models import ThreadState, ThreadVersion
 
+__all__ = ["AsyncThreads", "ThreadState", "ThreadVersion", "Threads"]
 
-@dataclass(frozen=True, slots=True)
-class ThreadState:
-    """What ``read_thread`` answered: ``version`` 0 and ``state`` None when the thread was
-    never written; the tombstone's version and ``state`` None after a delete."""
-
-    version: int
-    state: dict[str, Any] | None
-    updated_at: datetime | None
-
-
-@dataclass(frozen=True, slots=True)
-class ThreadVersion:
-    """One kept version from ``thread_history``."""
-
-    version: int
-    state: dict[str, Any]
-    created_at: datetime
+T = TypeVar("T")
 
 
 class _ThreadsBase:
-    """Parameters in, values out: shared by the sync and async flavours."""
+    """What both flavours share: the calls bound to tenant and user."""
 
     def __init__(self, *, tenant_id: str, user_id: str | None) -> None:
-        self.tenant_id = _args.text_id(tenant_id, "tenant_id")
-        self.user_id = _args.optional_id(user_id, "user_id")
+        self._calls = ThreadCalls(tenant_id, user_id)
 
-    def _key(self, thread_id: str) -> dict[str, Any]:
-        return {"tenant_id": self.tenant_id, "thread_id": _args.text_id(thread_id, "thread_id"),
-                "user_id": self.user_id}
+    @property
+    def tenant_id(self) -> str:
+        return self._calls.tenant_id
 
-    def _write_params(self, thread_id: str, state: dict[str, Any], expected_version: int,
-                      history_limit: int | None) -> dict[str, Any]:
-        if isinstance(expected_version, bool) or not isinstance(expected_version, int):
-            raise InvalidArgument("expected_version must be an int (0 creates the thread)")
-        return self._key(thread_id) | {
-            "expected_version": expected_version,
-            "state": _json.dumps_object(state, "state"),
-            "history_limit": None if history_limit is None
-            else _args.integer(history_limit, "history_limit"),
-        }
-
-    def _history_params(self, thread_id: str, limit: int) -> dict[str, Any]:
-        return self._key(thread_id) | {"limit": _args.integer(limit, "limit")}
+    @property
+    def user_id(self) -> str | None:
+        return self._calls.user_id
 
 
 class Threads(_ThreadsBase):
@@ -83,30 +56,26 @@ class Threads(_ThreadsBase):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _send(self, statement: Statement[T]) -> T:
+        return statement.decode(self._source.execute(statement.query, statement.params))
+
     def read(self, thread_id: str) -> ThreadState:
         """``read_thread``: the latest version and state."""
-        row = self._source.execute(queries.get("read_thread"), self._key(thread_id))[0]
-        return ThreadState(*row)
+        return self._send(self._calls.read(thread_id))
 
     def write(self, thread_id: str, state: dict[str, Any], expected_version: int, *,
               history_limit: int | None = None) -> int:
         """``write_thread``: store ``state`` if the thread is still at ``expected_version``;
         returns the new version. ``history_limit`` becomes the thread's limit."""
-        params = self._write_params(thread_id, state, expected_version, history_limit)
-        version: int = self._source.execute(queries.get("write_thread"), params)[0][0]
-        return version
+        return self._send(self._calls.write(thread_id, state, expected_version, history_limit))
 
     def history(self, thread_id: str, *, limit: int = 100) -> list[ThreadVersion]:
         """``thread_history``: kept versions, newest first."""
-        rows = self._source.execute(queries.get("thread_history"),
-                                    self._history_params(thread_id, limit))
-        return [ThreadVersion(*r) for r in rows]
+        return self._send(self._calls.history(thread_id, limit))
 
     def delete(self, thread_id: str) -> bool:
         """``delete_thread``: False if the thread is absent or already deleted."""
-        deleted: bool = self._source.execute(queries.get("delete_thread"),
-                                             self._key(thread_id))[0][0]
-        return deleted
+        return self._send(self._calls.delete(thread_id))
 
 
 class AsyncThreads(_ThreadsBase):
@@ -126,22 +95,19 @@ class AsyncThreads(_ThreadsBase):
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    async def _send(self, statement: Statement[T]) -> T:
+        return statement.decode(await self._source.execute(statement.query, statement.params))
+
     async def read(self, thread_id: str) -> ThreadState:
-        rows = await self._source.execute(queries.get("read_thread"), self._key(thread_id))
-        return ThreadState(*rows[0])
+        return await self._send(self._calls.read(thread_id))
 
     async def write(self, thread_id: str, state: dict[str, Any], expected_version: int, *,
                     history_limit: int | None = None) -> int:
-        params = self._write_params(thread_id, state, expected_version, history_limit)
-        version: int = (await self._source.execute(queries.get("write_thread"), params))[0][0]
-        return version
+        return await self._send(self._calls.write(thread_id, state, expected_version,
+                                                  history_limit))
 
     async def history(self, thread_id: str, *, limit: int = 100) -> list[ThreadVersion]:
-        rows = await self._source.execute(queries.get("thread_history"),
-                                          self._history_params(thread_id, limit))
-        return [ThreadVersion(*r) for r in rows]
+        return await self._send(self._calls.history(thread_id, limit))
 
     async def delete(self, thread_id: str) -> bool:
-        deleted: bool = (await self._source.execute(queries.get("delete_thread"),
-                                                    self._key(thread_id)))[0][0]
-        return deleted
+        return await self._send(self._calls.delete(thread_id))

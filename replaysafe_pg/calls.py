@@ -1,0 +1,249 @@
+"""One builder and one decoder per SQL function the driver calls: parameters in, values out.
+
+Pure: nothing here sends anything. A builder checks its arguments (a bad one is refused
+before anything is sent) and returns a :class:`Statement` (the query's name, its
+parameters and how to read its rows); whoever holds a connection sends it. Every caller
+(the ``Ledger`` and ``Threads`` methods, the runner, its retries, the heartbeats) uses these
+builders, so a new SQL parameter is added in one place.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Generic, LiteralString, TypeAlias, TypeVar
+
+from replaysafe_pg import _args, _json, queries
+from replaysafe_pg.errors import InvalidArgument
+from replaysafe_pg.models import (
+    Action,
+    ActionState,
+    Attempt,
+    Claim,
+    ReportOutcome,
+    ThreadState,
+    ThreadVersion,
+)
+
+T = TypeVar("T")
+Rows: TypeAlias = list[tuple[Any, ...]]
+Lease: TypeAlias = timedelta | float | int
+
+
+@dataclass(frozen=True, slots=True)
+class Statement(Generic[T]):
+    """One round trip: the named query from ``replaysafe_pg/sql/queries.sql``, its parameters, and the
+    decoder of its rows."""
+
+    name: str
+    params: dict[str, Any]
+    decode: Callable[[Rows], T]
+
+    @property
+    def query(self) -> LiteralString:
+        return queries.get(self.name, self.params)
+
+
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """JSON text the caller has already serialised and checked (the runner's results and
+    errors): a builder sends it as is instead of serialising it again."""
+
+    text: str
+
+
+def _json_arg(value: Any, what: str) -> str:
+    return value.text if isinstance(value, Encoded) else _json.dumps(value, what)
+
+
+def _json_object(value: Any, what: str) -> str:
+    return value.text if isinstance(value, Encoded) else _json.dumps_object(value, what)
+
+
+# --- decoders ----------------------------------------------------------------------------
+
+def _value(rows: Rows) -> Any:
+    return rows[0][0]
+
+
+def _claim(rows: Rows) -> Claim:
+    return Claim.from_row(rows[0])
+
+
+def _claims(rows: Rows) -> list[Claim]:
+    return [Claim.from_row(r) for r in rows]
+
+
+def _report(rows: Rows) -> ReportOutcome:
+    return ReportOutcome(rows[0][0])
+
+
+def _state(rows: Rows) -> ActionState:
+    return ActionState(rows[0][0])
+
+
+def _action(rows: Rows) -> Action | None:
+    return Action.from_row(rows[0]) if rows else None
+
+
+def _attempts(rows: Rows) -> list[Attempt]:
+    return [Attempt.from_row(r) for r in rows]
+
+
+def _nothing(rows: Rows) -> None:
+    return None
+
+
+def _thread_state(rows: Rows) -> ThreadState:
+    return ThreadState(*rows[0])
+
+
+def _thread_versions(rows: Rows) -> list[ThreadVersion]:
+    return [ThreadVersion(*r) for r in rows]
+
+
+# --- the ledger's functions --------------------------------------------------------------
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+LISTEN: Statement[None] = Statement("listen_actions", {}, _nothing)
+UNLISTEN: Statement[None] = Statement("unlisten_actions", {}, _nothing)
+
+
+class Calls:
+    """The ledger's SQL functions for one tenant and worker (``worker_id`` None: this host
+    and process)."""
+
+    __slots__ = ("tenant_id", "worker_id")
+
+    def __init__(self, tenant_id: str, worker_id: str | None) -> None:
+        self.tenant_id = _args.text_id(tenant_id, "tenant_id")
+        self.worker_id = _args.text_id(
+            default_worker_id() if worker_id is None else worker_id, "worker_id")
+
+    def _key(self, action_key: str) -> dict[str, Any]:
+        return {"tenant_id": self.tenant_id, "action_key": _args.text_id(action_key, "action_key")}
+
+    def _attempt(self, action_key: str, attempt: int, now: datetime | None) -> dict[str, Any]:
+        return self._key(action_key) | {"attempt": _args.integer(attempt, "attempt"),
+                                        "now": _args.moment(now)}
+
+    def _claim_options(self, lease: Lease, thread_id: str | None, on_expired: str,
+                       now: datetime | None) -> dict[str, Any]:
+        """What ``claim_action`` and ``claim_actions`` both take after the calls."""
+        return {"worker_id": self.worker_id, "lease": _args.lease(lease),
+                "thread_id": _args.optional_id(thread_id, "thread_id"),
+                "on_expired": _args.text(on_expired, "on_expired"), "now": _args.moment(now)}
+
+    def claim(self, action_key: str, operation: str, request: dict[str, Any] | Encoded,
+              lease: Lease, thread_id: str | None, on_expired: str,
+              now: datetime | None) -> Statement[Claim]:
+        return Statement("claim_action", self._key(action_key) | {
+            "operation": _args.text_id(operation, "operation"),
+            "request": _json_object(request, "request"),
+        } | self._claim_options(lease, thread_id, on_expired, now), _claim)
+
+    def claim_many(self, calls: Sequence[tuple[str, str, dict[str, Any] | Encoded]], lease: Lease,
+                   thread_id: str | None, on_expired: str,
+                   now: datetime | None) -> Statement[list[Claim]]:
+        if not all(isinstance(c, tuple | list) and len(c) == 3 for c in calls):
+            raise InvalidArgument("claim_many takes (action_key, operation, request) tuples")
+        return Statement("claim_actions", {
+            "tenant_id": self.tenant_id,
+            "action_keys": [_args.text_id(key, "action_key") for key, _, _ in calls],
+            "operations": [_args.text_id(op, "operation") for _, op, _ in calls],
+            "requests": [_json_object(req, "request") for _, _, req in calls],
+        } | self._claim_options(lease, thread_id, on_expired, now), _claims)
+
+    def heartbeat(self, action_key: str, attempt: int, lease: Lease,
+                  now: datetime | None) -> Statement[datetime]:
+        return Statement("heartbeat_action", self._attempt(action_key, attempt, now) | {
+            "lease": _args.lease(lease)}, _value)
+
+    def complete(self, action_key: str, attempt: int, result: Any, provider_reference: str | None,
+                 now: datetime | None) -> Statement[ReportOutcome]:
+        return Statement("complete_action", self._attempt(action_key, attempt, now) | {
+            "result": _json_arg(result, "result"),
+            "provider_reference": _args.optional_text(provider_reference, "provider_reference"),
+        }, _report)
+
+    def fail(self, action_key: str, attempt: int, error: Any, retryable: bool,
+             now: datetime | None) -> Statement[ReportOutcome]:
+        return Statement("fail_action", self._attempt(action_key, attempt, now) | {
+            "error": _json_arg(error, "error"), "retryable": _args.flag(retryable, "retryable"),
+        }, _report)
+
+    def mark_unknown(self, action_key: str, attempt: int, error: Any,
+                     now: datetime | None) -> Statement[ReportOutcome]:
+        return Statement("mark_action_unknown", self._attempt(action_key, attempt, now) | {
+            "error": _json_arg(error, "error")}, _report)
+
+    def resolve(self, action_key: str, state: ActionState | str, result: Any, error: Any,
+                provider_reference: str | None, note: str | None,
+                now: datetime | None) -> Statement[ActionState]:
+        return Statement("resolve_action", self._key(action_key) | {
+            "state": _args.text(str(state) if isinstance(state, ActionState) else state, "state"),
+            "result": None if result is None else _json_arg(result, "result"),
+            "error": None if error is None else _json_arg(error, "error"),
+            "provider_reference": _args.optional_text(provider_reference, "provider_reference"),
+            "note": _args.optional_text(note, "note"), "now": _args.moment(now),
+        }, _state)
+
+    @staticmethod
+    def sweep(limit: int, now: datetime | None) -> Statement[int]:
+        return Statement("sweep_expired_actions", {
+            "limit": _args.integer(limit, "limit"), "now": _args.moment(now)}, _value)
+
+    @staticmethod
+    def purge(older_than: Lease, limit: int, now: datetime | None) -> Statement[int]:
+        return Statement("purge_actions", {
+            "older_than": _args.age(older_than, "older_than"),
+            "limit": _args.integer(limit, "limit"), "now": _args.moment(now)}, _value)
+
+    def get(self, action_key: str) -> Statement[Action | None]:
+        return Statement("get_action", self._key(action_key), _action)
+
+    def attempts(self, action_key: str) -> Statement[list[Attempt]]:
+        return Statement("list_attempts", self._key(action_key), _attempts)
+
+
+# --- the thread functions ----------------------------------------------------------------
+
+class ThreadCalls:
+    """The thread-state SQL functions for one tenant (and optionally one user)."""
+
+    __slots__ = ("tenant_id", "user_id")
+
+    def __init__(self, tenant_id: str, user_id: str | None) -> None:
+        self.tenant_id = _args.text_id(tenant_id, "tenant_id")
+        self.user_id = _args.optional_id(user_id, "user_id")
+
+    def _key(self, thread_id: str) -> dict[str, Any]:
+        return {"tenant_id": self.tenant_id, "thread_id": _args.text_id(thread_id, "thread_id"),
+                "user_id": self.user_id}
+
+    def read(self, thread_id: str) -> Statement[ThreadState]:
+        return Statement("read_thread", self._key(thread_id), _thread_state)
+
+    def write(self, thread_id: str, state: dict[str, Any], expected_version: int,
+              history_limit: int | None) -> Statement[int]:
+        if isinstance(expected_version, bool) or not isinstance(expected_version, int):
+            raise InvalidArgument("expected_version must be an int (0 creates the thread)")
+        return Statement("write_thread", self._key(thread_id) | {
+            "expected_version": expected_version,
+            "state": _json.dumps_object(state, "state"),
+            "history_limit": None if history_limit is None
+            else _args.integer(history_limit, "history_limit"),
+        }, _value)
+
+    def history(self, thread_id: str, limit: int) -> Statement[list[ThreadVersion]]:
+        return Statement("thread_history", self._key(thread_id) | {
+            "limit": _args.integer(limit, "limit")}, _thread_versions)
+
+    def delete(self, thread_id: str) -> Statement[bool]:
+        return Statement("delete_thread", self._key(thread_id), _value)

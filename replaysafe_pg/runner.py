@@ -1,0 +1,465 @@
+"""What ``run`` decides, written once for the sync and async flavours; no I/O here.
+
+Round trips: a first call costs two (claim, record), a replay one. Heartbeats are sent
+only for tools that run longer than a third of their lease; waiting costs a LISTEN
+connection and one claim per wake-up.
+
+The steps that send something are generators: they yield an effect (:class:`Send`,
+:class:`Sleep`, :class:`RunTool`, :class:`Record`, :class:`Notified`) and get its answer
+back, or its exception thrown in. The I/O shells (``run.py`` with threads, ``arun.py`` on
+asyncio) perform the effects; the plan, the reports, the retry schedule and the wait clock
+live here only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+import logging
+import time
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Generic, TypeAlias, TypeVar
+
+import psycopg
+
+from replaysafe_pg import _args
+from replaysafe_pg.calls import Calls, Encoded, Lease, Statement
+from replaysafe_pg.errors import InvalidArgument, OutcomeNotRecorded, UnstorableResult
+from replaysafe_pg.execution import (
+    Call,
+    Execution,
+    ExecutionStatus,
+    Retryable,
+    as_call,
+    dump_error,
+    dump_result,
+    error_of,
+    is_retryable,
+    tool_info,
+    tool_kwargs,
+)
+from replaysafe_pg.models import ActionState, Attempt, Claim, ClaimOutcome, ReportOutcome
+
+log = logging.getLogger("replaysafe_pg.run")
+
+T = TypeVar("T")
+
+CHANNEL = "replaysafe_actions"
+DEFAULT_WAIT_TIMEOUT = 30.0
+# A report (or heartbeat) that failed on these is tried again on a fresh connection.
+RETRY_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError)
+# Backoff between attempts to record an outcome after a connection error (~6 s in all).
+RECORD_RETRY_DELAYS = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2)
+# A waiter claims again at the lease's end; if the lease looks over but the owner's claim
+# still answers "running" (clock skew), it backs off from this, doubling up to a second.
+MIN_RECLAIM_WAIT = 0.05
+
+
+# --- the plan ----------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """One call, validated before anything is claimed."""
+
+    operation: str
+    fn: Callable[..., Any]
+    args: dict[str, Any]
+    key: str
+    claim: Statement[Claim]
+    lease_seconds: float
+    wait_timeout: float
+    timeout: float | None
+    retryable: Retryable
+    is_async: bool
+    awaits: bool  # the async flavour: it awaits what the tool returns
+    max_result_bytes: int
+
+    @property
+    def lease(self) -> Any:
+        return self.claim.params["lease"]
+
+
+def make_plan(calls: Calls, operation: str, fn: Callable[..., Any], args: dict[str, Any],
+              key: str, *, thread_id: str | None, lease: Lease, on_expired: str,
+              wait_timeout: float, timeout: float | None, retryable: Retryable,
+              async_ok: bool, max_result_bytes: int) -> Plan:
+    if not callable(fn):
+        raise InvalidArgument(f"fn must be callable, got {type(fn).__name__}")
+    is_async = tool_info(fn).is_async
+    if is_async and not async_ok:
+        raise InvalidArgument(
+            f"fn {getattr(fn, '__qualname__', fn)!r} is a coroutine function: a sync Ledger "
+            "cannot await it; use AsyncLedger.run")
+    # Serialising the request validates args: a JSON object, nothing written otherwise.
+    claim = calls.claim(key, operation, args, lease, thread_id, on_expired, None)
+    if not all(isinstance(name, str) for name in args):
+        raise InvalidArgument("args must have string keys (they are passed as keyword arguments)")
+    lease_seconds = claim.params["lease"].total_seconds()  # positive: checked by the builder
+    if _args.seconds(wait_timeout, "wait_timeout") < 0:
+        raise InvalidArgument("wait_timeout must be a number of seconds >= 0")
+    if timeout is not None and _args.seconds(timeout, "timeout") <= 0:
+        raise InvalidArgument("timeout must be None or a positive number of seconds")
+    if not (retryable is None or callable(retryable) or isinstance(retryable, tuple)):
+        raise InvalidArgument("retryable must be an exception type, a tuple of them, or a predicate")
+    return Plan(operation, fn, args, key, claim, lease_seconds, float(wait_timeout),
+                None if timeout is None else float(timeout), retryable, is_async, async_ok,
+                max_result_bytes)
+
+
+CallSpec = Call | tuple[str, Callable[..., Any], dict[str, Any], str]
+
+
+def make_plans(calls: Calls, specs: Sequence[CallSpec], **options: Any) -> list[Plan]:
+    plans = [make_plan(calls, c.operation, c.fn, c.args, c.key, **options)
+             for c in map(as_call, specs)]
+    if len({p.key for p in plans}) != len(plans):
+        raise InvalidArgument("run_many: every call needs its own key")
+    return plans
+
+
+def claim_many(calls: Calls, plans: list[Plan]) -> Statement[list[Claim]]:
+    """One claim for every plan (their requests already serialised by :func:`make_plan`)."""
+    first = plans[0].claim.params
+    return calls.claim_many(
+        [(p.key, p.operation, Encoded(p.claim.params["request"])) for p in plans],
+        first["lease"], first["thread_id"], first["on_expired"], None)
+
+
+def to_run(plans: list[Plan], claims: list[Claim]) -> tuple[list[Execution | BaseException | None],
+                                                            list[int]]:
+    """``run_many``: the answers known from the claims, and the indexes still to resolve."""
+    out: list[Execution | BaseException | None] = [None] * len(plans)
+    work = []
+    for i, (plan, claim) in enumerate(zip(plans, claims, strict=True)):
+        if claim.outcome in (ClaimOutcome.CLAIMED, ClaimOutcome.RUNNING):
+            work.append(i)
+        else:
+            out[i] = answered(plan, claim)
+    return out, work
+
+
+def collected(out: list[Execution | BaseException | None]) -> list[Execution]:
+    for item in out:
+        if isinstance(item, BaseException):
+            raise item  # every other call has finished and is recorded
+    return [e for e in out if isinstance(e, Execution)]
+
+
+# --- what an execution says ----------------------------------------------------------------
+
+def answered(plan: Plan, claim: Claim) -> Execution:
+    """The Execution for a claim that did not hand us the action (replay, unknown, running)."""
+    if claim.outcome is ClaimOutcome.REPLAY:
+        status = (ExecutionStatus.SUCCEEDED if claim.state is ActionState.SUCCEEDED
+                  else ExecutionStatus.FAILED)
+    elif claim.outcome is ClaimOutcome.UNKNOWN:
+        status = ExecutionStatus.UNKNOWN
+    else:
+        status = ExecutionStatus.RUNNING
+    return Execution(status, claim.result, claim.error, status is not ExecutionStatus.RUNNING,
+                     claim.attempt, claim.idempotency_key, plan.key, plan.operation,
+                     provider_reference=claim.provider_reference)
+
+
+def started(plan: Plan, claim: Claim, status: ExecutionStatus, *, result: Any = None,
+            error: Any = None, retryable: bool = False,
+            exception: BaseException | None = None) -> Execution:
+    return Execution(status, result, error, False, claim.attempt, claim.idempotency_key, plan.key,
+                     plan.operation, retryable=retryable, exception=exception)
+
+
+def traced(span: Any, execution: Execution) -> Execution:
+    span.set(idempotency_key=execution.idempotency_key, status=str(execution.status),
+             replay=execution.replay, attempt=execution.attempt)
+    return execution
+
+
+def lease_lost_warning(action_key: str, attempt: int, how: str) -> None:
+    log.warning("attempt %d of action %r lost its lease (%s): another attempt may run or may have "
+                "run it; this attempt's report cannot overwrite that outcome", attempt, action_key, how)
+
+
+def finish(execution: Execution, ticket_lost: bool, outcome: ReportOutcome) -> Execution:
+    execution.outcome = outcome
+    if outcome is not ReportOutcome.RECORDED:
+        if not ticket_lost:
+            lease_lost_warning(execution.action_key, execution.attempt, f"its report was {outcome}")
+        execution.lease_lost = True
+    elif ticket_lost:
+        execution.lease_lost = True
+    return execution
+
+
+def timeout_error(plan: Plan) -> dict[str, Any]:
+    return {"reason": "timeout", "timeout_seconds": plan.timeout,
+            "message": f"the tool did not return within {plan.timeout} s; it may still be running "
+                       "and its effect may have happened"}
+
+
+def unawaited_error(result: Any) -> InvalidArgument:
+    if inspect.iscoroutine(result):
+        result.close()  # it never started: nothing of it ran
+    return InvalidArgument("fn returned an awaitable, which a sync Ledger cannot await: "
+                           "use AsyncLedger.run (the action was marked retryable: nothing ran)")
+
+
+def not_recorded(pending: Execution, last: BaseException | None) -> OutcomeNotRecorded:
+    log.error("could not record the outcome (%s) of action %r, attempt %d: %s. The action stays "
+              "running until its lease runs out, then becomes unknown (or retryable if it was "
+              "claimed with on_expired='reclaim')", pending.status, pending.action_key,
+              pending.attempt, last)
+    return OutcomeNotRecorded(
+        f"the outcome of action {pending.action_key!r} (attempt {pending.attempt}) could not be "
+        f"recorded: {last}", execution=pending)
+
+
+class Report:
+    """One record to write: the report's statement and the state it sets."""
+
+    __slots__ = ("state", "statement")
+
+    def __init__(self, statement: Statement[ReportOutcome], state: ActionState) -> None:
+        self.statement = statement
+        self.state = state
+
+    def landed(self, attempts: list[Attempt], attempt: int) -> bool:
+        """Did this very report commit although its answer was lost? Only if the attempt's
+        row shows our outcome with the value we sent, and the report reached the action
+        (a sweep also leaves an "unknown" outcome, with an error of its own)."""
+        row = next((a for a in attempts if a.attempt == attempt), None)
+        if row is None or row.outcome != self.state or row.superseded:
+            return False
+        field = "result" if self.state == ActionState.SUCCEEDED else "error"
+        sent = self.statement.params.get(field)
+        return sent is not None and getattr(row, field) == json.loads(sent)
+
+    @classmethod
+    def success(cls, calls: Calls, plan: Plan, attempt: int, text: str) -> Report:
+        return cls(calls.complete(plan.key, attempt, Encoded(text), None, None),
+                   ActionState.SUCCEEDED)
+
+    @classmethod
+    def failure(cls, calls: Calls, plan: Plan, attempt: int, error: dict[str, Any],
+                retryable: bool) -> Report:
+        return cls(calls.fail(plan.key, attempt, Encoded(dump_error(error)), retryable, None),
+                   ActionState.RETRYABLE if retryable else ActionState.FAILED)
+
+    @classmethod
+    def unknown(cls, calls: Calls, plan: Plan, attempt: int, error: dict[str, Any]) -> Report:
+        return cls(calls.mark_unknown(plan.key, attempt, Encoded(dump_error(error)), None),
+                   ActionState.UNKNOWN)
+
+
+class WaitClock:
+    """How long a waiter sleeps before claiming again: until the owner's lease ends (a
+    NOTIFY may wake it sooner). If the lease looks over but the claim still answers
+    "running" (clock skew), back off from MIN_RECLAIM_WAIT, doubling up to a second."""
+
+    def __init__(self) -> None:
+        self.floor = MIN_RECLAIM_WAIT
+        self.last_expiry: datetime | None = None
+
+    def seconds(self, claim: Claim, remaining: float) -> float:
+        assert claim.lease_expires_at is not None
+        if claim.lease_expires_at == self.last_expiry:
+            self.floor = min(self.floor * 2, 1.0)
+        else:
+            self.floor, self.last_expiry = MIN_RECLAIM_WAIT, claim.lease_expires_at
+        until_expiry = (claim.lease_expires_at - datetime.now(UTC)).total_seconds()
+        return min(remaining, max(until_expiry, self.floor))
+
+
+# --- effects: what a step asks its shell to do ------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Send a statement; the answer is its decoded value."""
+
+    statement: Statement[Any]
+    alone: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Sleep:
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class RunTool:
+    """Call the tool; its result, or what it raised, or :class:`ToolTimedOut`."""
+
+    plan: Plan
+    kwargs: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """Write a report (:func:`record`); the async shell shields it from cancellation."""
+
+    report: Report
+    pending: Execution
+
+
+@dataclass(frozen=True, slots=True)
+class Notified:
+    """Wait on the LISTEN connection for the key's NOTIFY, at most ``seconds``."""
+
+    key: str
+    seconds: float
+
+
+Effect: TypeAlias = Send | Sleep | RunTool | Record | Notified
+Steps: TypeAlias = Generator[Effect, Any, T]
+
+
+class Stepper(Generic[T]):
+    """Steps being run by a shell: ``effect`` is the next effect to perform (None once the
+    steps have ended, with ``result``); the shell hands back its answer or its exception."""
+
+    __slots__ = ("_steps", "effect", "result")
+
+    def __init__(self, steps: Steps[T]) -> None:
+        self._steps = steps
+        self.effect: Effect | None = None
+        self.result: T | None = None
+        self.step(None, None)
+
+    def step(self, value: Any, error: BaseException | None) -> None:
+        """Answer the last effect with ``value``, or throw ``error`` in where it was yielded
+        (outside the shell's ``except``, so the steps see no exception being handled)."""
+        try:
+            self.effect = self._steps.send(value) if error is None else self._steps.throw(error)
+        except StopIteration as stop:
+            self.effect, self.result = None, stop.value
+
+
+class ToolTimedOut(Exception):
+    """The tool did not return within ``plan.timeout`` (raised by a shell's RunTool)."""
+
+
+class Ticket:
+    """One running attempt. ``lease_lost`` is set when a heartbeat finds the lease gone."""
+
+    __slots__ = ("action_key", "attempt", "done", "heartbeat", "interval", "lease_lost",
+                 "recording")
+
+    def __init__(self, action_key: str, attempt: int, heartbeat: Statement[datetime],
+                 interval: float) -> None:
+        self.action_key = action_key
+        self.attempt = attempt
+        self.heartbeat = heartbeat
+        self.interval = interval
+        self.done = False
+        # While the outcome is being written a lost lease is reported by the write itself.
+        self.recording = False
+        self.lease_lost = False
+
+
+def heartbeat_ticket(calls: Calls, plan: Plan, claim: Claim) -> Ticket:
+    return Ticket(plan.key, claim.attempt, calls.heartbeat(plan.key, claim.attempt, plan.lease, None),
+                  plan.lease_seconds / 3)
+
+
+# --- the steps ---------------------------------------------------------------------------
+
+def wait(plan: Plan, claim: Claim, deadline: float) -> Steps[Claim]:
+    """The wake-ups of docs/sql-ledger.md, on a connection that LISTENs: claim again, wait for the key's
+    NOTIFY or the lease's end, until the claim is no longer "running" or ``deadline``."""
+    clock = WaitClock()
+    while True:
+        claim = yield Send(plan.claim, alone=True)
+        remaining = deadline - time.monotonic()
+        if claim.outcome is not ClaimOutcome.RUNNING or remaining <= 0:
+            return claim
+        yield Notified(claim.idempotency_key, clock.seconds(claim, remaining))
+
+
+def execute(calls: Calls, plan: Plan, claim: Claim, ticket: Ticket) -> Steps[Execution]:
+    """Run the claimed tool and record its outcome."""
+    attempt = claim.attempt
+    kwargs = tool_kwargs(plan.args, plan.fn, claim.idempotency_key)
+    try:
+        result = yield RunTool(plan, kwargs)
+    except ToolTimedOut:
+        error = timeout_error(plan)
+        pending = started(plan, claim, ExecutionStatus.UNKNOWN, error=error)
+        lost = ticket.lease_lost
+        return finish(pending, lost, (yield from _record(
+            ticket, Report.unknown(calls, plan, attempt, error), pending)))
+    except Exception as exc:
+        retry = is_retryable(exc, plan.retryable)
+        error = error_of(exc)
+        pending = started(plan, claim, ExecutionStatus.FAILED, error=error, retryable=retry,
+                          exception=exc)
+        lost = ticket.lease_lost
+        return finish(pending, lost, (yield from _record(
+            ticket, Report.failure(calls, plan, attempt, error, retry), pending)))
+    except BaseException as exc:
+        # KeyboardInterrupt, SystemExit, a cancelled task: the tool may have acted; never
+        # leave it "running".
+        cancelled = plan.awaits and isinstance(exc, asyncio.CancelledError)
+        error = error_of(exc, reason="cancelled" if cancelled else "interrupted")
+        pending = started(plan, claim, ExecutionStatus.UNKNOWN, error=error, exception=exc)
+        # Logged; the interruption matters more.
+        with contextlib.suppress(OutcomeNotRecorded, asyncio.CancelledError):
+            yield from _record(ticket, Report.unknown(calls, plan, attempt, error), pending)
+        raise
+    if not plan.awaits and inspect.isawaitable(result):
+        problem = unawaited_error(result)
+        error = error_of(problem, reason="unawaited")
+        pending = started(plan, claim, ExecutionStatus.FAILED, error=error, retryable=True)
+        yield from _record(ticket, Report.failure(calls, plan, attempt, error, True), pending)
+        raise problem
+    pending = started(plan, claim, ExecutionStatus.SUCCEEDED, result=result)
+    try:
+        text = dump_result(result, plan.key, plan.max_result_bytes)
+        outcome = yield from _record(ticket, Report.success(calls, plan, attempt, text), pending)
+    except (UnstorableResult, InvalidArgument) as exc:
+        unstorable = exc if isinstance(exc, UnstorableResult) else UnstorableResult(
+            f"the result of action {plan.key!r} was refused by the database: {exc}",
+            action_key=plan.key, result=result)
+        error = {"reason": "unstorable_result", "message": str(unstorable)}
+        pending = started(plan, claim, ExecutionStatus.UNKNOWN, error=error)
+        yield from _record(ticket, Report.unknown(calls, plan, attempt, error), pending)
+        raise unstorable from None
+    return finish(pending, ticket.lease_lost, outcome)
+
+
+def _record(ticket: Ticket, report: Report, pending: Execution) -> Steps[ReportOutcome]:
+    ticket.recording = True
+    outcome: ReportOutcome = yield Record(report, pending)
+    return outcome
+
+
+def record(calls: Calls, report: Report, pending: Execution,
+           can_reconnect: bool) -> Steps[ReportOutcome]:
+    """Write the attempt's report; after a connection error retry on a fresh connection.
+
+    A retry first reads the attempt's row: if the lost answer had in fact committed, the
+    report is not sent again (a second send would answer ``superseded``).
+    """
+    last: BaseException | None = None
+    for delay in (0.0, *RECORD_RETRY_DELAYS):
+        if delay:
+            if not can_reconnect:
+                break
+            yield Sleep(delay)
+            try:
+                attempts = yield Send(calls.attempts(pending.action_key))
+            except RETRY_ERRORS as exc:
+                last = exc
+                continue
+            if report.landed(attempts, pending.attempt):
+                return ReportOutcome.RECORDED
+        try:
+            outcome: ReportOutcome = yield Send(report.statement)
+            return outcome
+        except RETRY_ERRORS as exc:
+            last = exc
+            log.warning("recording the outcome of action %r (attempt %d) failed, retrying on a "
+                        "fresh connection: %s", pending.action_key, pending.attempt, exc)
+    raise not_recorded(pending, last)
