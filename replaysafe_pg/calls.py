@@ -89,6 +89,10 @@ def _action(rows: Rows) -> Action | None:
     return Action.from_row(rows[0]) if rows else None
 
 
+def _actions(rows: Rows) -> list[Action]:
+    return [Action.from_row(r) for r in rows]
+
+
 def _attempts(rows: Rows) -> list[Attempt]:
     return [Attempt.from_row(r) for r in rows]
 
@@ -185,14 +189,28 @@ class Calls:
 
     def resolve(self, action_key: str, state: ActionState | str, result: Any, error: Any,
                 provider_reference: str | None, note: str | None,
-                now: datetime | None) -> Statement[ActionState]:
+                now: datetime | None, expected_attempt: int | None = None
+                ) -> Statement[ActionState]:
         return Statement("resolve_action", self._key(action_key) | {
             "state": _args.text(str(state) if isinstance(state, ActionState) else state, "state"),
             "result": None if result is None else _json_arg(result, "result"),
             "error": None if error is None else _json_arg(error, "error"),
             "provider_reference": _args.optional_text(provider_reference, "provider_reference"),
             "note": _args.optional_text(note, "note"), "now": _args.moment(now),
+            "expected_attempt": (None if expected_attempt is None
+                                 else _args.integer(expected_attempt, "expected_attempt")),
         }, _state)
+
+    def reopen(self, action_key: str, note: str, now: datetime | None) -> Statement[ActionState]:
+        return Statement("reopen_action", self._key(action_key) | {
+            "note": _args.text(note, "note"), "now": _args.moment(now)}, _state)
+
+    def unknown_actions(self, limit: int, older_than: Lease) -> Statement[list[Action]]:
+        """The tenant's ``unknown`` actions, oldest first, unknown for longer than
+        ``older_than`` (what reconciliation works through)."""
+        return Statement("unknown_actions", {
+            "tenant_id": self.tenant_id, "limit": _args.integer(limit, "limit"),
+            "older_than": _args.age(older_than, "older_than")}, _actions)
 
     @staticmethod
     def sweep(limit: int, now: datetime | None) -> Statement[int]:

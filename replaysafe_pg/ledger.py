@@ -7,16 +7,17 @@ Nothing in the package below them imports this module.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from replaysafe_pg import arun, run, runner
+from replaysafe_pg import arun, reconcile, run, runner
 from replaysafe_pg._conn import AsyncConninfo, AsyncSource, Conninfo, SyncSource
 from replaysafe_pg._heartbeat import Heartbeater
 from replaysafe_pg.calls import Calls, Lease, Statement, default_worker_id
 from replaysafe_pg.execution import MAX_RESULT_BYTES, Execution, Retryable
 from replaysafe_pg.models import Action, ActionState, Attempt, Claim, ReportOutcome
+from replaysafe_pg.reconcile import DEFAULT_CONCURRENCY, Lookup, Reconciliation, Request
 from replaysafe_pg.runner import CallSpec, Plan
 
 __all__ = ["DEFAULT_LEASE", "DEFAULT_WAIT_TIMEOUT", "AsyncLedger", "CallSpec", "Lease", "Ledger",
@@ -149,9 +150,26 @@ class Ledger(_LedgerBase):
 
     def resolve(self, action_key: str, state: ActionState | str, *, result: Any = None,
                 error: Any = None, provider_reference: str | None = None,
-                note: str | None = None, now: datetime | None = None) -> ActionState:
+                note: str | None = None, now: datetime | None = None,
+                expected_attempt: int | None = None) -> ActionState:
+        """``resolve_action`` (an operator's duty): settle an ``unknown`` action; with
+        ``expected_attempt``, only while it is still on that attempt."""
         return self._send(self._calls.resolve(action_key, state, result, error,
-                                              provider_reference, note, now))
+                                              provider_reference, note, now, expected_attempt))
+
+    def reopen(self, action_key: str, *, note: str, now: datetime | None = None) -> ActionState:
+        """``reopen_action`` (an operator's duty): a ``failed`` action may run again."""
+        return self._send(self._calls.reopen(action_key, note, now))
+
+    def reconcile(self, lookups: Mapping[str, Lookup], *, limit: int = 100,
+                  older_than: Lease = 0, not_found: str = "retry", dry_run: bool = False,
+                  concurrency: int = DEFAULT_CONCURRENCY) -> list[Reconciliation]:
+        """Settle up to ``limit`` of the tenant's ``unknown`` actions (oldest first, unknown
+        for longer than ``older_than``) by asking the provider: ``lookups`` maps an
+        operation to ``lookup(action) -> Succeeded | Failed | NotFound``; up to
+        ``concurrency`` lookups run at once. See docs/reconcile.md."""
+        request = Request.of(lookups, limit, older_than, not_found, dry_run, concurrency)
+        return reconcile.reconcile(self._send, self._calls, request)
 
     def sweep(self, *, limit: int = 1000, now: datetime | None = None) -> int:
         """``sweep_expired_actions`` over every tenant this role may see."""
@@ -241,9 +259,22 @@ class AsyncLedger(_LedgerBase):
 
     async def resolve(self, action_key: str, state: ActionState | str, *, result: Any = None,
                       error: Any = None, provider_reference: str | None = None,
-                      note: str | None = None, now: datetime | None = None) -> ActionState:
+                      note: str | None = None, now: datetime | None = None,
+                      expected_attempt: int | None = None) -> ActionState:
         return await self._send(self._calls.resolve(action_key, state, result, error,
-                                                    provider_reference, note, now))
+                                                    provider_reference, note, now,
+                                                    expected_attempt))
+
+    async def reopen(self, action_key: str, *, note: str,
+                     now: datetime | None = None) -> ActionState:
+        return await self._send(self._calls.reopen(action_key, note, now))
+
+    async def reconcile(self, lookups: Mapping[str, Lookup], *, limit: int = 100,
+                        older_than: Lease = 0, not_found: str = "retry", dry_run: bool = False,
+                        concurrency: int = DEFAULT_CONCURRENCY) -> list[Reconciliation]:
+        """As :meth:`Ledger.reconcile`; coroutine lookups are awaited."""
+        request = Request.of(lookups, limit, older_than, not_found, dry_run, concurrency)
+        return await reconcile.areconcile(self._send, self._calls, request)
 
     async def sweep(self, *, limit: int = 1000, now: datetime | None = None) -> int:
         return await self._send(self._calls.sweep(limit, now))

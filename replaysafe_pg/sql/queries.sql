@@ -20,7 +20,10 @@ SELECT replaysafe.fail_action(p_tenant_id => %(tenant_id)s, p_action_key => %(ac
 SELECT replaysafe.mark_action_unknown(p_tenant_id => %(tenant_id)s, p_action_key => %(action_key)s, p_attempt => %(attempt)s::integer, p_error => %(error)s::jsonb, p_now => %(now)s::timestamptz)
 
 -- name: resolve_action --
-SELECT replaysafe.resolve_action(p_tenant_id => %(tenant_id)s, p_action_key => %(action_key)s, p_state => %(state)s, p_result => %(result)s::jsonb, p_error => %(error)s::jsonb, p_provider_reference => %(provider_reference)s::text, p_note => %(note)s::text, p_now => %(now)s::timestamptz)
+SELECT replaysafe.resolve_action(p_tenant_id => %(tenant_id)s, p_action_key => %(action_key)s, p_state => %(state)s, p_result => %(result)s::jsonb, p_error => %(error)s::jsonb, p_provider_reference => %(provider_reference)s::text, p_note => %(note)s::text, p_now => %(now)s::timestamptz, p_expected_attempt => %(expected_attempt)s::integer)
+
+-- name: reopen_action --
+SELECT replaysafe.reopen_action(p_tenant_id => %(tenant_id)s, p_action_key => %(action_key)s, p_note => %(note)s::text, p_now => %(now)s::timestamptz)
 
 -- name: sweep_expired_actions --
 SELECT replaysafe.sweep_expired_actions(p_limit => %(limit)s::integer, p_now => %(now)s::timestamptz)
@@ -30,6 +33,11 @@ SELECT replaysafe.purge_actions(p_older_than => %(older_than)s::interval, p_limi
 
 -- name: get_action --
 SELECT tenant_id, action_key, thread_id, operation, state, attempt, on_expired, idempotency_key, request, result, error, provider_reference, lease_expires_at, created_at, updated_at, completed_at, worker_id, resolution_note, resolved_at FROM replaysafe.actions_v WHERE tenant_id = %(tenant_id)s AND action_key = %(action_key)s
+
+-- name: unknown_actions --
+-- Reconciliation's work list: the tenant's unknown actions, oldest first (the operator is
+-- qualified: an enum comparison must not resolve through a caller's search_path).
+SELECT tenant_id, action_key, thread_id, operation, state, attempt, on_expired, idempotency_key, request, result, error, provider_reference, lease_expires_at, created_at, updated_at, completed_at, worker_id, resolution_note, resolved_at FROM replaysafe.actions_v WHERE tenant_id = %(tenant_id)s AND state OPERATOR(pg_catalog.=) 'unknown' AND updated_at <= clock_timestamp() - %(older_than)s::interval ORDER BY updated_at, action_key LIMIT %(limit)s::integer
 
 -- name: list_attempts --
 SELECT tenant_id, action_key, attempt, worker_id, claimed_at, ended_at, outcome, superseded, error, result, provider_reference FROM replaysafe.action_attempts_v WHERE tenant_id = %(tenant_id)s AND action_key = %(action_key)s ORDER BY attempt
