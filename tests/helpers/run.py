@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -71,13 +72,15 @@ def execution_json(ex: Execution) -> dict[str, Any]:
 @dataclass
 class Provider:
     """POST /charges {"amount": n} with an Idempotency-Key header: the first request per key
-    charges (an effect); repeats get the stored response. Counts requests and effects per key."""
+    charges (an effect); repeats get the stored response. Counts requests and effects per key.
+    GET /charges?idempotency_key=K answers the charge made for K, or 404."""
 
     requests: dict[str, int] = field(default_factory=dict)
     effects: dict[str, int] = field(default_factory=dict)
     responses: dict[str, dict[str, Any]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     server: ThreadingHTTPServer | None = None
+    lookups: int = 0
 
     @property
     def url(self) -> str:
@@ -105,6 +108,20 @@ class Provider:
                 key = self.headers.get("Idempotency-Key") or f"nokey-{time.monotonic_ns()}"
                 data = json.dumps(provider.handle(key, body)).encode()
                 self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                # GET /charges?idempotency_key=K: the charge made for K, or 404 (reconciliation)
+                query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
+                key = (query.get("idempotency_key") or [""])[0]
+                with provider.lock:
+                    provider.lookups += 1
+                    found = provider.responses.get(key)
+                data = json.dumps(found or {"error": "not found"}).encode()
+                self.send_response(200 if found else 404)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
