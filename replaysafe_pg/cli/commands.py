@@ -5,20 +5,24 @@ Every subcommand accepts the global options (``--dsn``, ``--pgdata``, ``--epheme
 started and migrated (see :mod:`replaysafe_pg.cli.db`).
 
 Exit status: 0 success; 1 ``audit`` found rows that need attention (or ``doctor`` found a
-problem); 2 an error (one line on stderr; ``--debug`` shows the traceback).
+problem, or ``reconcile`` left actions ``unknown``); 2 an error (one line on stderr;
+``--debug`` shows the traceback).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import io
 import json
+import os
 import re
 import signal
 import sys
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -32,9 +36,16 @@ from psycopg.rows import dict_row
 from replaysafe_pg import queries, schema
 from replaysafe_pg.cli import render
 from replaysafe_pg.cli.db import ConnectError, Database, first_line
-from replaysafe_pg.errors import ReplaysafeError, SchemaNotInstalled, translate, wrap_errors
+from replaysafe_pg.errors import (
+    AccessDenied,
+    ReplaysafeError,
+    SchemaNotInstalled,
+    translate,
+    wrap_errors,
+)
 from replaysafe_pg.ledger import Ledger
 from replaysafe_pg.models import ActionState
+from replaysafe_pg.reconcile import Lookup, ReconcileOutcome, Reconciliation
 from replaysafe_pg.threads import Threads
 
 EXIT_ATTENTION = 1
@@ -550,6 +561,270 @@ def purge(ctx: click.Context, conn: psycopg.Connection[Any], older_than: timedel
     _emit(ctx, f"purged {total} action(s) finished before {now - older_than:%Y-%m-%d %H:%M:%S%z} "
                f"in {batches} batch(es)",
           {"purged": total, "batches": batches, "cutoff": now - older_than})
+
+
+# --- reconcile, reopen ----------------------------------------------------------------------
+
+def _operator_duty(conn: psycopg.Connection[Any], what: str, exc: AccessDenied) -> CliError:
+    """The one-line error of a role that is not an operator trying an operator's duty."""
+    try:
+        role = str(_rows(conn, "server_info")[0]["role"])
+    except Exception:
+        role = "this role"
+    return CliError(f"access denied: {what} is replaysafe_operator's duty and {role} is not "
+                    f"one ({first_line(exc)}); connect as a role granted replaysafe_operator "
+                    "(docs/isolation.md)")
+
+
+def load_lookups(spec: str) -> dict[str, Lookup]:
+    """``MODULE:ATTR``: the mapping of operation to lookup that ``reconcile`` uses. MODULE is
+    imported like ``python -m`` would (the current directory on the path)."""
+    module_name, sep, attr = spec.partition(":")
+    if not (sep and module_name and attr):
+        raise CliError(f"--lookups must be MODULE:ATTR, e.g. myapp.reconcile:LOOKUPS (got {spec!r})")
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise CliError(f"--lookups: cannot import {module_name}: "
+                       f"{type(exc).__name__}: {first_line(exc)}") from None
+    try:
+        value = functools.reduce(getattr, attr.split("."), module)
+    except AttributeError:
+        raise CliError(f"--lookups: module {module_name} has no attribute {attr}") from None
+    if not isinstance(value, Mapping):
+        raise CliError(f"--lookups: {spec} is a {type(value).__name__}, not a mapping of "
+                       "operation name to lookup")
+    for operation, lookup in value.items():
+        if not isinstance(operation, str) or not callable(lookup):
+            raise CliError(f"--lookups: {spec} must map operation names to callables "
+                           f"({operation!r} maps to a {type(lookup).__name__})")
+    if not value:
+        raise CliError(f"--lookups: {spec} maps no operation")
+    return dict(value)
+
+
+def _lookups_option(_ctx: click.Context, _param: click.Parameter, value: str) -> dict[str, Lookup]:
+    return load_lookups(value)
+
+
+# A batch this long (actions due) gets a progress bar on stderr.
+PROGRESS_MIN = 20
+_SETTLED = {ReconcileOutcome.SUCCEEDED, ReconcileOutcome.FAILED, ReconcileOutcome.RETRYABLE,
+            ReconcileOutcome.ALREADY_RESOLVED}
+
+
+@dataclass
+class ReconcileBatch:
+    """What one pass of ``reconcile`` did, over every tenant it looked at."""
+
+    tenants: list[str]
+    results: list[Reconciliation]
+    dry_run: bool
+
+    @property
+    def exit_code(self) -> int:
+        """0 every action with a lookup settled; 1 some stay unknown; 2 a lookup failed."""
+        outcomes = {r.outcome for r in self.results}
+        if ReconcileOutcome.ERROR in outcomes:
+            return EXIT_ERROR
+        if ReconcileOutcome.LEFT_UNKNOWN in outcomes:
+            return EXIT_ATTENTION
+        return 0
+
+    def summary(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for r in self.results:
+            counts[r.outcome.value] = counts.get(r.outcome.value, 0) + 1
+        return counts
+
+    def data(self) -> dict[str, Any]:
+        return {"dry_run": self.dry_run, "tenants": self.tenants, "summary": self.summary(),
+                "results": self.results}
+
+    def human(self) -> str:
+        if not self.results:
+            return "no unknown actions to reconcile"
+        rows = [render.jsonable(r) | {"outcome": r.outcome.value,
+                                      "note": r.error if r.outcome is ReconcileOutcome.ERROR
+                                      else r.note} for r in self.results]
+        text = render.table(rows, ["tenant_id", "action_key", "operation", "attempt", "outcome",
+                                   "provider_reference", "note"], cut_at={"note": 200})
+        counts = ", ".join(f"{k} {v}" for k, v in self.summary().items())
+        head = "dry run, nothing written: " if self.dry_run else ""
+        return (f"{text}\n{head}{len(self.results)} unknown action(s) in "
+                f"{len(self.tenants)} tenant(s): {counts}")
+
+
+def reconcile_batch(conn: psycopg.Connection[Any], lookups: Mapping[str, Lookup], *,
+                    tenant_id: str | None, limit: int, older_than: timedelta, not_found: str,
+                    dry_run: bool, concurrency: int, progress: bool) -> ReconcileBatch:
+    """One pass: up to ``limit`` due ``unknown`` actions over the tenants (one, or every tenant
+    the role sees with some), settled through ``Ledger.reconcile``. A role that may not
+    settle gets one line naming replaysafe_operator (raised at the first write)."""
+    due = _rows(conn, "unknown_due", {"tenant_id": tenant_id, "older_than": older_than})
+    total = min(limit, sum(int(r["due"]) for r in due))
+    tenants = [str(r["tenant_id"]) for r in due]
+    results: list[Reconciliation] = []
+    lock = threading.Lock()
+    with click.progressbar(length=max(total, 1), label="reconciling", file=sys.stderr,
+                           show_pos=True, hidden=not progress or total < PROGRESS_MIN) as bar:
+        asked = [0]
+
+        def tick() -> None:
+            with lock:
+                asked[0] += 1
+                bar.update(1)
+
+        def counted(lookup: Lookup) -> Lookup:
+            def ask(action: Any) -> Any:
+                try:
+                    return lookup(action)
+                finally:
+                    tick()
+            return ask
+
+        watched = {op: counted(fn) for op, fn in lookups.items()} if progress else lookups
+        for tenant in tenants:
+            remaining = limit - len(results)
+            if remaining <= 0:
+                break
+            before = asked[0]
+            try:
+                done = Ledger(conn, tenant_id=tenant).reconcile(
+                    watched, limit=remaining, older_than=older_than, not_found=not_found,
+                    dry_run=dry_run, concurrency=concurrency)
+            except AccessDenied as exc:
+                raise _operator_duty(conn, "reconciling", exc) from None
+            with lock:
+                bar.update(len(done) - (asked[0] - before))  # the skipped ones
+            results += done
+    return ReconcileBatch([t for t in tenants if any(r.tenant_id == t for r in results)],
+                          results, dry_run)
+
+
+class Stop:
+    """A stop request for the reconcile loop: set by SIGTERM (or by a test), checked between
+    batches; the wait between batches ends early when it is set."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def request(self, *_args: Any) -> None:
+        self.requested = True
+
+    def wait(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while not self.requested and (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(0.1, left))
+
+
+def reconcile_loop(batch: Callable[[], ReconcileBatch], *, interval: float, stop: Stop,
+                   report: Callable[[ReconcileBatch], None]) -> ReconcileBatch:
+    """Run ``batch`` every ``interval`` seconds until ``stop`` is requested; a batch under
+    way is finished first. Returns the last batch (its exit code is the command's)."""
+    while True:
+        last = batch()
+        report(last)
+        if stop.requested:
+            return last
+        stop.wait(interval)
+        if stop.requested:
+            return last
+
+
+@main.command()
+@global_options
+@click.option("--lookups", "lookups", required=True, metavar="MODULE:ATTR",
+              callback=_lookups_option,
+              help="A mapping of operation name to lookup(action) -> Succeeded | Failed | "
+                   "NotFound, e.g. myapp.reconcile:LOOKUPS.")
+@_TENANT_ALL
+@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True,
+              help="At most this many unknown actions per batch, oldest first.")
+@click.option("--older-than", type=Duration(), default="0s", show_default=True,
+              help="Only actions unknown for longer than this (30s, 5m, 2h).")
+@click.option("--not-found", type=click.Choice(["retry", "leave"]), default="retry",
+              show_default=True,
+              help="What NotFound means: retry (the action becomes retryable) or leave it "
+                   "unknown (for providers that forget idempotency keys).")
+@click.option("--concurrency", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Lookups in flight at once.")
+@click.option("--dry-run", is_flag=True, help="Ask the provider, write nothing, show what "
+                                              "would be done.")
+@click.option("--loop", "loop", is_flag=True,
+              help="Keep reconciling, a batch every --interval, until SIGTERM.")
+@click.option("--interval", type=Duration(), default="60s", show_default=True,
+              help="With --loop: the pause between batches.")
+@click.pass_context
+@_with_conn
+def reconcile(ctx: click.Context, conn: psycopg.Connection[Any], lookups: dict[str, Lookup],
+              tenant_id: str | None, limit: int, older_than: timedelta, not_found: str,
+              concurrency: int, dry_run: bool, loop: bool, interval: timedelta) -> None:
+    """Settle unknown actions by asking the provider (replaysafe_operator's duty).
+
+    Exit status 0 when every action with a lookup was settled, 1 when some stay unknown,
+    2 on errors (a lookup that raised counts as one)."""
+    json_out = _state(ctx).json
+
+    def batch() -> ReconcileBatch:
+        return reconcile_batch(conn, lookups, tenant_id=tenant_id, limit=limit,
+                               older_than=older_than, not_found=not_found, dry_run=dry_run,
+                               concurrency=concurrency, progress=not json_out)
+
+    if not loop:
+        last = batch()
+        _emit(ctx, last.human, last.data())
+    else:
+        def report(b: ReconcileBatch) -> None:
+            at = datetime.now().astimezone()
+            if json_out:
+                click.echo(render.dumps({"at": at} | b.data(), line=True))
+            else:
+                click.echo(render.escape(f"{at:%Y-%m-%d %H:%M:%S%z} {b.human()}",
+                                         keep_newlines=True))
+
+        stop = Stop()
+        in_main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGTERM, stop.request) if in_main else None
+        try:
+            last = reconcile_loop(batch, interval=interval.total_seconds(), stop=stop,
+                                  report=report)
+        finally:
+            if in_main:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+    failed = [r for r in last.results if r.outcome is ReconcileOutcome.ERROR]
+    if failed:
+        raise CliError(f"{len(failed)} lookup(s) failed, their actions stay unknown "
+                       f"(first: {failed[0].action_key}: {failed[0].error})")
+    ctx.exit(last.exit_code)
+
+
+@main.command()
+@global_options
+@click.argument("key")
+@_TENANT_ONE
+@click.option("--note", required=True,
+              help="Why the action may run again: kept on the action (see `actions show`).")
+@click.pass_context
+@_with_conn
+def reopen(ctx: click.Context, conn: psycopg.Connection[Any], key: str, tenant_id: str,
+           note: str) -> None:
+    """Let a failed action run again: it becomes retryable (replaysafe_operator's duty)."""
+    if not note.strip():
+        raise CliError("--note must say why the action may run again (it is kept on the action)")
+    ledger = Ledger(conn, tenant_id=tenant_id)
+    if ledger.get(key) is None:
+        raise NotFound(f"no action {key} for tenant {tenant_id}")
+    try:
+        new = ledger.reopen(key, note=note)
+    except AccessDenied as exc:
+        raise _operator_duty(conn, "reopening", exc) from None
+    _emit(ctx, f"reopened {render.escape(key)} (tenant {render.escape(tenant_id)}): "
+               f"failed -> {new.value}",
+          {"tenant_id": tenant_id, "action_key": key, "state": new, "note": note})
 
 
 # --- threads --------------------------------------------------------------------------------

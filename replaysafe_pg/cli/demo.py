@@ -3,9 +3,9 @@
 A support agent (:mod:`replaysafe_pg.cli.demo_agent`, one OS process per worker) refunds an
 order. The demo SIGKILLs the first worker at the worst moment — the provider has refunded,
 the ledger has not been told — and resumes the thread on a second worker. With the ledger
-the resumed step is not run blindly: the action is ``unknown``, the demo reconciles it with
-the provider by its idempotency key, and the customer gets exactly one refund. Without the
-ledger the resumed step refunds again.
+the resumed step is not run blindly: the action is ``unknown``, the reconciler
+(``Ledger.reconcile`` with a lookup by idempotency key) asks the provider and settles it, and
+the customer gets exactly one refund. Without the ledger the resumed step refunds again.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from replaysafe_pg._conn import pinned
 from replaysafe_pg.cli import render
 from replaysafe_pg.cli.demo_agent import CONFIG_ENV, CUSTOMER, EXIT_PARKED, FakePayments
 from replaysafe_pg.ledger import Ledger
+from replaysafe_pg.reconcile import Action, NotFound, ReconcileOutcome, Succeeded
 
 TENANT = "demo"
 EVENT_TIMEOUT = 30.0
@@ -200,6 +201,25 @@ def _narrate_resume(story: Story, worker: Worker, *,
     return worker.finish(), tool
 
 
+def refund_lookup(provider: FakePayments,
+                  thread_id: str) -> Callable[[Action], Succeeded | NotFound]:
+    """The reconciler's question to the provider: a refund under the action's idempotency
+    key (the key every attempt passed downstream)? Only this run's thread is looked up: an
+    older demo run's provider file is gone, and "gone" is not "not found"."""
+
+    def lookup(action: Action) -> Succeeded | NotFound:
+        if action.thread_id != thread_id:
+            raise LookupError("not an action of this demo run: its provider is gone")
+        found = provider.find(idempotency_key=action.idempotency_key)
+        if not found:
+            return NotFound()
+        refund = found[0]
+        return Succeeded({"refund_id": refund["id"], "amount_cents": refund["amount_cents"]},
+                         provider_reference=refund["id"])
+
+    return lookup
+
+
 def _with_ledger(story: Story, spawn: Callable[..., Worker], provider: FakePayments, dsn: str,
                  thread_id: str) -> dict[str, Any]:
     story("", numbered=False)
@@ -217,21 +237,20 @@ def _with_ledger(story: Story, spawn: Callable[..., Worker], provider: FakePayme
         mine = [r for r in rows if r["thread_id"] == thread_id]
         story(f"`replaysafe-pg audit` flags it (exit status 1): {len(mine)} unresolved action, "
               f"state {mine[0]['state'] if mine else '?'}")
+        if not mine:
+            raise DemoError("the interrupted refund is not among the unresolved actions")
         ledger = Ledger(conn, tenant_id=TENANT)
-        action = next(a for a in (ledger.get(r["action_key"]) for r in mine) if a is not None)
-        found = provider.find(idempotency_key=action.idempotency_key)
-        story(f"reconcile: the provider has {len(found)} refund(s) under idempotency key "
-              f"{_short(action.idempotency_key)}")
-        if len(found) == 1:
-            refund = found[0]
-            ledger.resolve(action.action_key, "succeeded",
-                           result={"refund_id": refund["id"], "amount_cents": refund["amount_cents"]},
-                           provider_reference=refund["id"],
-                           note="found at the provider by idempotency key")
-            story(f"resolve {action.action_key[:24]}… -> succeeded (provider reference {refund['id']})")
-        else:
-            ledger.resolve(action.action_key, "retryable", note="no refund at the provider")
-            story("resolve -> retryable: no refund happened, so running it again is safe")
+        results = ledger.reconcile({"refund_order": refund_lookup(provider, thread_id)})
+        done = next((r for r in results if r.action_key == mine[0]["action_key"]), None)
+        if done is None or done.outcome is ReconcileOutcome.ERROR:
+            raise DemoError(f"the reconciler did not settle the refund: {done}")
+        action = ledger.get(done.action_key)
+        assert action is not None
+        story("the reconciler (Ledger.reconcile, as `replaysafe-pg reconcile` runs it) asks the "
+              f"provider for a refund under idempotency key {_short(action.idempotency_key)}: "
+              + (f"found {done.provider_reference}" if done.provider_reference else "none"))
+        story(f"the action becomes {done.outcome.value}, note \"{done.note}\"; "
+              f"attempt {done.attempt} stays recorded as unknown")
 
     status, tool = _narrate_resume(story, spawn("worker-2", thread_id, use_ledger=True, stall=False),
                                    again=True)
@@ -275,7 +294,7 @@ def _audit(story: Story, dsn: str, action_key: str) -> dict[str, Any]:
     story("Audit rows for the ledger run (replaysafe.actions_v, action_attempts_v):", numbered=False)
     story(render.table([render.jsonable(action) | {"state": action.state.value}],
                        ["action_key", "operation", "state", "attempt", "provider_reference",
-                        "resolution_note"]), numbered=False)
+                        "resolution_note"], cut_at={"resolution_note": 80}), numbered=False)
     story(render.table([render.jsonable(a) | {"outcome": a.outcome} for a in attempts],
                        ["attempt", "worker_id", "outcome", "superseded", "error"]), numbered=False)
     story(f"unresolved_actions: {len(unresolved)} row(s); multi_effect_actions: {len(multi)} "

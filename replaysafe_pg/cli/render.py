@@ -61,8 +61,10 @@ def jsonable(value: Any) -> Any:
     return value
 
 
-def dumps(value: Any) -> str:
-    text = json.dumps(jsonable(value), indent=2, ensure_ascii=False)
+def dumps(value: Any, *, line: bool = False) -> str:
+    """JSON for stdout; ``line`` for one compact line (JSON Lines, one document per event)."""
+    text = (json.dumps(jsonable(value), separators=(",", ":"), ensure_ascii=False) if line
+            else json.dumps(jsonable(value), indent=2, ensure_ascii=False))
     return _UNSAFE_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
@@ -100,9 +102,12 @@ def cell(value: Any, width: int = _CELL_WIDTH) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
-    """An aligned text table of ``columns`` (a header line, then one line per row)."""
-    cells = [[cell(row.get(c)) for c in columns] for row in rows]
+def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], *,
+          cut_at: Mapping[str, int] | None = None) -> str:
+    """An aligned text table of ``columns`` (a header line, then one line per row); a cell is
+    cut at 48 characters, or at ``cut_at[column]``."""
+    limits = [(cut_at or {}).get(c, _CELL_WIDTH) for c in columns]
+    cells = [[cell(row.get(c), w) for c, w in zip(columns, limits, strict=True)] for row in rows]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
     lines = ["  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip()]
     lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in cells]

@@ -45,3 +45,9 @@ SELECT count(*) FROM replaysafe.actions_v WHERE state::text IN ('succeeded', 'fa
 
 -- name: database_now --
 SELECT now()
+
+-- name: unknown_due --
+-- `reconcile`: the tenants (all the caller may see, or one) with unknown actions due for
+-- reconciliation, and how many. The enum comparison is qualified: it must not resolve through
+-- a caller's search_path (the same filter as queries.sql's unknown_actions).
+SELECT tenant_id, count(*) AS due FROM replaysafe.actions_v WHERE state OPERATOR(pg_catalog.=) 'unknown' AND (%(tenant_id)s::text IS NULL OR tenant_id = %(tenant_id)s::text) AND updated_at <= pg_catalog.clock_timestamp() - %(older_than)s::interval GROUP BY tenant_id ORDER BY tenant_id
