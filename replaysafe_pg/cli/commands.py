@@ -571,8 +571,9 @@ def _operator_duty(conn: psycopg.Connection[Any], what: str, exc: AccessDenied) 
         role = str(_rows(conn, "server_info")[0]["role"])
     except Exception:
         role = "this role"
+    detail = first_line(exc).removeprefix("access denied: ")
     return CliError(f"access denied: {what} is replaysafe_operator's duty and {role} is not "
-                    f"one ({first_line(exc)}); connect as a role granted replaysafe_operator "
+                    f"one ({detail}); connect as a role granted replaysafe_operator "
                     "(docs/isolation.md)")
 
 
@@ -644,18 +645,27 @@ class ReconcileBatch:
         return {"dry_run": self.dry_run, "tenants": self.tenants, "summary": self.summary(),
                 "results": self.results}
 
-    def human(self) -> str:
+    def human(self, at: datetime | None = None) -> str:
+        """The table and a summary line (``at``: the batch's time, to start it with)."""
+        stamp = "" if at is None else f"{at:%Y-%m-%d %H:%M:%S%z}: "
         if not self.results:
-            return "no unknown actions to reconcile"
-        rows = [render.jsonable(r) | {"outcome": r.outcome.value,
-                                      "note": r.error if r.outcome is ReconcileOutcome.ERROR
-                                      else r.note} for r in self.results]
+            return f"{stamp}no unknown actions to reconcile"
+        rows = [render.jsonable(r) | {"outcome": r.outcome.value, "note": _shown_note(r)}
+                for r in self.results]
         text = render.table(rows, ["tenant_id", "action_key", "operation", "attempt", "outcome",
                                    "provider_reference", "note"], cut_at={"note": 200})
         counts = ", ".join(f"{k} {v}" for k, v in self.summary().items())
         head = "dry run, nothing written: " if self.dry_run else ""
-        return (f"{text}\n{head}{len(self.results)} unknown action(s) in "
+        return (f"{text}\n{stamp}{head}{len(self.results)} unknown action(s) in "
                 f"{len(self.tenants)} tenant(s): {counts}")
+
+
+def _shown_note(r: Reconciliation) -> str | None:
+    if r.outcome is ReconcileOutcome.ERROR:
+        return r.error
+    if r.outcome is ReconcileOutcome.ALREADY_RESOLVED:
+        return "settled by someone else since the lookup: nothing written"
+    return r.note
 
 
 def reconcile_batch(conn: psycopg.Connection[Any], lookups: Mapping[str, Lookup], *,
@@ -783,8 +793,7 @@ def reconcile(ctx: click.Context, conn: psycopg.Connection[Any], lookups: dict[s
             if json_out:
                 click.echo(render.dumps({"at": at} | b.data(), line=True))
             else:
-                click.echo(render.escape(f"{at:%Y-%m-%d %H:%M:%S%z} {b.human()}",
-                                         keep_newlines=True))
+                click.echo(render.escape(b.human(at), keep_newlines=True))
 
         stop = Stop()
         in_main = threading.current_thread() is threading.main_thread()

@@ -480,3 +480,14 @@ def test_reopen_escapes_control_characters(dsn: str) -> None:
     assert result.stdout.strip() == "reopened k\\x1b[2J (tenant t1): failed -> retryable"
     shown = run("actions", "show", "k\x1b[2J", "--tenant", "t1", dsn=dsn).stdout
     assert "n\\x1b[8m" in shown and "\x1b" not in shown
+
+
+def test_human_report_of_a_batch_says_already_resolved_wrote_nothing_and_stamps_loop_passes(
+        ) -> None:
+    from datetime import UTC, datetime
+
+    text = _batch(ReconcileOutcome.ALREADY_RESOLVED).human(datetime(2026, 1, 5, 10, 0, tzinfo=UTC))
+    assert "settled by someone else since the lookup: nothing written" in text
+    assert text.splitlines()[-1] == ("2026-01-05 10:00:00+0000: 1 unknown action(s) in "
+                                     "1 tenant(s): already_resolved 1")
+    assert ReconcileBatch([], [], dry_run=False).human() == "no unknown actions to reconcile"
