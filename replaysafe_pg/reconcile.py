@@ -222,7 +222,11 @@ def _plan_one(calls: Calls, request: Request, action: Action,
     verdict, failed = answers[action.action_key]
     if failed is not None:
         return None, failed
-    return decide(calls, action, verdict, request.not_found, request.dry_run)
+    try:
+        return decide(calls, action, verdict, request.not_found, request.dry_run)
+    except InvalidArgument as exc:  # e.g. a result that is not JSON: this action only
+        return None, replace(_failed_lookup(action, exc, request.dry_run),
+                             error=f"the lookup's answer cannot be stored: {exc}; nothing written")
 
 
 async def areconcile(send: Callable[[Statement[Any]], Awaitable[Any]], calls: Calls,

@@ -112,7 +112,7 @@ def test_every_crash_window_ends_reconciled_with_exactly_one_effect(
 
 def test_outcomes_notes_and_what_is_written(dsn: str) -> None:
     with Ledger(dsn, tenant_id="t1") as led:
-        for key in ("found", "gone", "refused", "broken", "odd"):
+        for key in ("found", "gone", "refused", "broken", "odd", "unstorable"):
             unknown(led, key)
         unknown(led, "no-lookup", operation="email")
 
@@ -120,7 +120,8 @@ def test_outcomes_notes_and_what_is_written(dsn: str) -> None:
             if action.action_key == "broken":
                 raise ConnectionError("provider down")
             return {"found": Succeeded({"id": "re_1"}, "re_1"), "gone": NotFound(),
-                    "refused": Failed({"code": "card_declined"}), "odd": "yes"}[action.action_key]
+                    "refused": Failed({"code": "card_declined"}), "odd": "yes",
+                    "unstorable": Succeeded({"at": object()})}[action.action_key]
 
         before = [led.get(k) for k in ("found", "gone", "refused", "broken", "odd", "no-lookup")]
         dry = {r.action_key: r.outcome for r in led.reconcile({"charge": lookup}, dry_run=True)}
@@ -128,7 +129,7 @@ def test_outcomes_notes_and_what_is_written(dsn: str) -> None:
         results = {r.action_key: r for r in led.reconcile({"charge": lookup})}
         assert {k: r.outcome for k, r in results.items()} == dry == {
             "found": "succeeded", "gone": "retryable", "refused": "failed", "broken": "error",
-            "odd": "error", "no-lookup": "skipped"}
+            "odd": "error", "unstorable": "error", "no-lookup": "skipped"}
         assert "ConnectionError: 'provider down'" in (results["broken"].error or "")
         states = {k: (a.state, a.resolution_note) for k in results if (a := led.get(k))}
     assert states == {
@@ -136,7 +137,8 @@ def test_outcomes_notes_and_what_is_written(dsn: str) -> None:
         "gone": ("retryable", "reconciled: not found at provider, will run again with the same "
                               "idempotency key"),
         "refused": ("failed", "reconciled: refused at provider"),
-        "broken": ("unknown", None), "odd": ("unknown", None), "no-lookup": ("unknown", None)}
+        "broken": ("unknown", None), "odd": ("unknown", None), "unstorable": ("unknown", None),
+        "no-lookup": ("unknown", None)}
 
 
 def test_not_found_leave_limit_and_older_than(dsn: str) -> None:
