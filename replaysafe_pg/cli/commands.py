@@ -579,13 +579,14 @@ def _operator_duty(conn: psycopg.Connection[Any], what: str, exc: AccessDenied) 
 
 def load_lookups(spec: str) -> dict[str, Lookup]:
     """``MODULE:ATTR``: the mapping of operation to lookup that ``reconcile`` uses. MODULE is
-    imported like ``python -m`` would (the current directory on the path)."""
+    found on the path, then in the current directory (appended last: a file there never
+    shadows an installed module)."""
     module_name, sep, attr = spec.partition(":")
     if not (sep and module_name and attr):
         raise CliError(f"--lookups must be MODULE:ATTR, e.g. myapp.reconcile:LOOKUPS (got {spec!r})")
     cwd = os.getcwd()
     if cwd not in sys.path and "" not in sys.path:
-        sys.path.insert(0, cwd)
+        sys.path.append(cwd)
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:
