@@ -827,3 +827,65 @@ def test_operator_duties_check_the_role_themselves(world: str, worker_a: Conn) -
     assert owner_rows(world, "SELECT action_key, state::text FROM replaysafe.actions "
                              "WHERE tenant_id = 'A' ORDER BY 1") == [("done", "succeeded"),
                                                                     ("live", "unknown")]
+
+
+# --- found by the fourth review ------------------------------------------------------------------
+
+VIEW_BAIT = """
+CREATE TABLE {schema}.loot (reader text, tenant_id text, action_key text);
+CREATE FUNCTION {schema}.grab() RETURNS void LANGUAGE plpgsql VOLATILE AS $f$
+BEGIN
+    INSERT INTO {schema}.loot SELECT current_user, tenant_id, action_key FROM replaysafe.actions_v;
+END $f$;
+CREATE FUNCTION {schema}.f(int) RETURNS int LANGUAGE plpgsql IMMUTABLE AS
+    $f$ BEGIN PERFORM {schema}.grab(); RETURN $1; END $f$;
+CREATE TABLE {schema}.bait (i int);
+INSERT INTO {schema}.bait VALUES (1);
+"""
+
+
+@pytest.mark.parametrize("group", ["replaysafe_worker", "replaysafe_auditor"])
+def test_code_a_group_role_owns_reads_no_tenant_in_someone_elses_session(
+        world: str, make_role: MakeRole, group: str) -> None:
+    """A's login (a member of `group`) builds an index expression as the unbound group role;
+    B's bound session (or a superuser's) runs it with ANALYZE: through the views it must see
+    neither B's tenant (the session's) nor every tenant (the group's)."""
+    attacker = make_role("replaysafe_worker", "replaysafe_auditor")
+    victim = make_role("replaysafe_operator")
+    bind(world, attacker, "A")
+    bind(world, victim, "B")
+    schema = f"s_{attacker}"
+    with psycopg.connect(world, autocommit=True) as owner:
+        owner.execute(f'CREATE SCHEMA "{schema}" AUTHORIZATION "{attacker}"')
+    try:
+        with connect_as(world, attacker) as c:
+            c.execute(f'GRANT CREATE, USAGE ON SCHEMA "{schema}" TO {group}')
+            c.execute(f'GRANT USAGE ON SCHEMA "{schema}" TO PUBLIC')
+            c.execute(f"SET ROLE {group}")  # from here on, objects belong to the group role
+            c.execute(VIEW_BAIT.format(schema=f'"{schema}"'))
+            c.execute(f'CREATE INDEX ON "{schema}".bait (("{schema}".f(i)))')
+            c.execute(f'GRANT MAINTAIN ON "{schema}".bait TO PUBLIC')
+            c.execute(f'GRANT INSERT ON "{schema}".loot TO PUBLIC')
+            c.execute(f'TRUNCATE "{schema}".loot')
+        with connect_as(world, victim) as c:
+            c.execute(f'ANALYZE "{schema}".bait')
+        with psycopg.connect(world, autocommit=True) as owner:
+            owner.execute(f'ANALYZE "{schema}".bait')
+            loot = owner.execute(f'SELECT reader, tenant_id FROM "{schema}".loot').fetchall()
+        assert loot == [], loot
+    finally:
+        with psycopg.connect(world, autocommit=True) as owner:
+            owner.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+            owner.execute(f'DROP OWNED BY "{attacker}" CASCADE')
+            owner.execute(f"REVOKE ALL ON SCHEMA public FROM {group}")
+
+
+def test_set_role_to_a_group_role_still_reads_the_logins_tenant(world: str,
+                                                                make_role: MakeRole) -> None:
+    login = make_role("replaysafe_worker", "replaysafe_auditor")
+    bind(world, login, "A")
+    with connect_as(world, login) as c:
+        for group in ("replaysafe_worker", "replaysafe_auditor"):
+            c.execute(f"SET ROLE {group}")
+            assert {r[0] for r in c.execute("SELECT tenant_id FROM replaysafe.actions_v")} == {"A"}
+            c.execute("RESET ROLE")
