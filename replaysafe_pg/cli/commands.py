@@ -580,12 +580,13 @@ def _operator_duty(conn: psycopg.Connection[Any], what: str, exc: AccessDenied) 
 def load_lookups(spec: str) -> dict[str, Lookup]:
     """``MODULE:ATTR``: the mapping of operation to lookup that ``reconcile`` uses. MODULE is
     found on the path, then in the current directory (appended last: a file there never
-    shadows an installed module)."""
+    shadows an installed module) — unless others may write to that directory: the lookups run
+    with an operator's credentials."""
     module_name, sep, attr = spec.partition(":")
     if not (sep and module_name and attr):
         raise CliError(f"--lookups must be MODULE:ATTR, e.g. myapp.reconcile:LOOKUPS (got {spec!r})")
     cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
+    if cwd not in sys.path and "" not in sys.path and not os.stat(cwd).st_mode & 0o022:
         sys.path.append(cwd)
     try:
         module = importlib.import_module(module_name)
