@@ -104,10 +104,34 @@ def run_revision_sql(revision_file: str, name: str, connection: Connection | Non
 
         op.execute(sa.text(sql.replace(":", r"\:")))
         return
-    # Simple-query protocol (no parameters): the file holds many statements.
+    execute_script(connection, sql)
+
+
+def execute_script(connection: Connection, sql: str) -> None:
+    """Run a script of several statements (no parameters) on whatever DBAPI connection
+    alembic handed out: psycopg 3 or psycopg2, or — inside an async env's ``run_sync`` —
+    psycopg's AsyncConnection or asyncpg, whose coroutines are awaited here. (A coroutine
+    left un-awaited ran nothing while alembic recorded the revision.)"""
+    import inspect
+
+    import sqlalchemy as sa
+
+    # Through SQLAlchemy first, so the DBAPI has begun the migration's transaction (asyncpg's
+    # adapter begins it only then): the script must not run outside it, in transactions of
+    # its own that the version row would not share.
+    connection.execute(sa.text("SELECT 1"))
     driver_conn = connection.connection.driver_connection
     assert driver_conn is not None
-    driver_conn.execute(sql)
+    execute = getattr(driver_conn, "execute", None)
+    if execute is None:  # psycopg2: statements go through a cursor (no parameters: no % parsing)
+        with driver_conn.cursor() as cur:
+            cur.execute(sql)
+        return
+    result = execute(sql)  # without parameters: the simple-query protocol, several statements
+    if inspect.isawaitable(result):
+        from sqlalchemy.util import await_only
+
+        await_only(result)
 
 
 # Run before any revision, in the migration's transaction: take the migration lock, resolve
@@ -163,14 +187,29 @@ RESTORE_SQL = ("SELECT pg_catalog.set_config('search_path', "
 
 
 def _lock_and_prepare(connection: Connection) -> None:
-    driver_conn = connection.connection.driver_connection
-    assert driver_conn is not None
-    driver_conn.execute(PREPARE_SQL)  # simple-query protocol: several statements
+    execute_script(connection, PREPARE_SQL)
 
 
 def _restore(connection: Connection) -> None:
+    """After our revisions, in their transaction: check that the head revision recorded
+    means the head schema installed (a version row without the functions must be
+    impossible: it would make every later migrate a no-op), then give the caller back its
+    search_path."""
     import sqlalchemy as sa
 
+    row = connection.execute(sa.text(
+        f"SELECT version_num FROM {SCHEMA}.{VERSION_TABLE}")).first()
+    if row is not None and row[0] == head_revision():
+        installed = {r[0] for r in connection.execute(sa.text(
+            "SELECT p.proname::text FROM pg_catalog.pg_proc p "
+            "JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace "
+            f"WHERE n.nspname = '{SCHEMA}'"))}
+        missing = expected_objects()["function"] - installed
+        if missing:
+            raise RuntimeError(
+                f"replaysafe_pg: the migration recorded revision {row[0]} but the schema lacks "
+                f"{len(missing)} function(s) ({', '.join(sorted(missing)[:5])}...): nothing is "
+                "committed; please report this with your alembic env.py")
     connection.execute(sa.text(RESTORE_SQL))
 
 

@@ -368,3 +368,91 @@ def test_migrate_keeps_the_callers_search_path(new_db: Callable[[], str]) -> Non
     finally:
         engine.dispose()
     assert versions(dsn) == [head_revision()]
+
+
+# --- (g) every kind of connection a user's alembic env hands out -------------------------------
+
+ASYNC_USER_ENV = '''
+import asyncio
+
+from alembic import context
+from sqlalchemy.ext.asyncio import create_async_engine
+import sqlalchemy as sa
+
+import replaysafe_pg
+
+url = context.get_x_argument(as_dictionary=True)["dsn"]
+
+
+def do_run_migrations(connection):
+    context.configure(connection=connection)
+    with context.begin_transaction():
+        replaysafe_pg.migrate(connection)
+        context.run_migrations()
+
+
+async def main():
+    engine = create_async_engine(url, poolclass=sa.NullPool)
+    async with engine.connect() as connection:
+        await connection.run_sync(do_run_migrations)
+    await engine.dispose()
+
+
+asyncio.run(main())
+'''
+
+
+def user_url(dsn: str, driver: str) -> str:
+    """The SQLAlchemy URL a user writes for ``dsn`` with ``driver`` (a socket directory as
+    the ``host`` query argument, as every one of these DBAPIs takes it)."""
+    from sqlalchemy.engine import URL
+
+    p = pg_conninfo.conninfo_to_dict(dsn)
+    host = str(p.get("host") or "")
+    socket_dir = host.startswith("/")
+    return URL.create(f"postgresql+{driver}", username=p.get("user"), password=p.get("password"),
+                      host=None if socket_dir else host or None,
+                      port=int(p["port"]) if p.get("port") else None, database=p.get("dbname"),
+                      query={"host": host} if socket_dir else {}).render_as_string(
+                          hide_password=False)
+
+
+@pytest.mark.parametrize(("driver", "env"), [("psycopg2", USER_ENV), ("psycopg", ASYNC_USER_ENV),
+                                             ("asyncpg", ASYNC_USER_ENV)])
+def test_a_users_alembic_env_of_any_driver_installs_the_schema(
+        tmp_path: Path, empty_dsn: str, reference_dump: str, driver: str, env: str) -> None:
+    (tmp_path / "versions").mkdir()
+    (tmp_path / "env.py").write_text(textwrap.dedent(env))
+    (tmp_path / "script.py.mako").write_text("")
+    (tmp_path / "versions" / "u0001_widgets.py").write_text(textwrap.dedent(USER_REVISION))
+    (tmp_path / "alembic.ini").write_text(f"[alembic]\nscript_location = {tmp_path}\n")
+    url = user_url(empty_dsn, driver)
+    for _ in range(2):  # the second run finds both chains at head
+        done = alembic("-c", str(tmp_path / "alembic.ini"), "-x", f"dsn={url}", "upgrade",
+                       "head", cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        assert "never awaited" not in done.stderr, done.stderr
+    assert versions(empty_dsn, "public.alembic_version") == ["u0001"]
+    assert versions(empty_dsn, "replaysafe.alembic_version") == [head_revision()]
+    assert schema_dump(empty_dsn) == reference_dump  # the functions, not just a version row
+
+
+def test_a_version_row_without_the_schema_is_impossible(
+        empty_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Were a revision's SQL to run nowhere (an un-awaited coroutine did exactly that), the
+    migration fails and commits nothing, rather than recording the revision."""
+    import replaysafe_pg.schema as schema_module
+
+    real = schema_module.execute_script
+
+    def revisions_run_nowhere(connection: Any, sql: str) -> None:
+        if "CREATE FUNCTION" not in sql:  # the preparation still runs
+            real(connection, sql)
+
+    monkeypatch.setattr(schema_module, "execute_script", revisions_run_nowhere)
+    with pytest.raises(RuntimeError, match="lacks"):
+        replaysafe_pg.migrate(empty_dsn)
+    monkeypatch.undo()
+    assert replaysafe_pg.current_revision(empty_dsn) is None
+    replaysafe_pg.migrate(empty_dsn)
+    assert replaysafe_pg.current_revision(empty_dsn) == head_revision()
