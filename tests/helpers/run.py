@@ -12,6 +12,8 @@ import sys
 import threading
 import time
 import urllib.parse
+import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -138,6 +140,19 @@ class Provider:
         if self.server is not None:
             self.server.shutdown()
             self.server.server_close()
+
+
+def charge_tool(url: str) -> Callable[..., dict[str, Any]]:
+    """The charge a worker runs against the provider (for workers that are threads of the
+    test process), passing the derived key as the Idempotency-Key header."""
+    def charge(amount: int, idempotency_key: str) -> dict[str, Any]:
+        req = urllib.request.Request(url, data=json.dumps({"amount": amount}).encode(),
+                                     headers={"Idempotency-Key": idempotency_key,
+                                              "Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            body: dict[str, Any] = json.loads(resp.read())
+        return body
+    return charge
 
 
 # --- worker processes ------------------------------------------------------------------

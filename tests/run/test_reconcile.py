@@ -12,13 +12,13 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pytest
 from helpers.db import bind, connect_as
-from helpers.run import Provider, Worker, action_row, attempt_rows
+from helpers.run import Provider, Worker, action_row, attempt_rows, charge_tool
 
 from replaysafe_pg import AccessDenied, AsyncLedger, InvalidArgument, InvalidTransition, Ledger
 from replaysafe_pg.models import Action
@@ -26,23 +26,6 @@ from replaysafe_pg.reconcile import Failed, NotFound, ReconcileOutcome, Succeede
 
 LEASE = 1.0
 
-
-@pytest.fixture
-def provider() -> Iterator[Provider]:
-    p = Provider().start()
-    yield p
-    p.stop()
-
-
-def charge_tool(url: str) -> Callable[..., dict[str, Any]]:
-    def charge(amount: int, idempotency_key: str) -> dict[str, Any]:
-        req = urllib.request.Request(url, data=json.dumps({"amount": amount}).encode(),
-                                     headers={"Idempotency-Key": idempotency_key,
-                                              "Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            body: dict[str, Any] = json.loads(resp.read())
-        return body
-    return charge
 
 
 def provider_lookup(url: str) -> Callable[[Action], Succeeded | NotFound]:

@@ -4,20 +4,17 @@ payment provider on 127.0.0.1."""
 
 from __future__ import annotations
 
-import json
 import signal
 import threading
-import urllib.request
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 from helpers.db import derived_key
 from helpers.run import (
     Provider,
     Worker,
     action_row,
     attempt_rows,
+    charge_tool,
     count_effects,
     execution_json,
     make_effects_table,
@@ -29,24 +26,6 @@ WINDOWS = ("before_send", "after_send", "after_record")
 POLICIES = ("unknown", "reclaim")
 LEASE = 1.0
 
-
-@pytest.fixture
-def provider() -> Iterator[Provider]:
-    p = Provider().start()
-    yield p
-    p.stop()
-
-
-def charge_tool(url: str) -> Any:
-    """What the worker process runs, for the resuming workers (threads of this process)."""
-    def charge(amount: int, idempotency_key: str) -> dict[str, Any]:
-        req = urllib.request.Request(url, data=json.dumps({"amount": amount}).encode(),
-                                     headers={"Idempotency-Key": idempotency_key,
-                                              "Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            body: dict[str, Any] = json.loads(resp.read())
-        return body
-    return charge
 
 
 def test_crash_windows_times_policies(dsn: str, provider: Provider) -> None:
