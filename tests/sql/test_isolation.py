@@ -5,7 +5,7 @@ roles. The attacks of the security review are in test_trust_boundary.py."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -116,14 +116,6 @@ def assert_every_call_denied(c: Conn, tenant: str) -> None:
         with pytest.raises(psycopg.Error) as err:
             c.execute(f"SELECT * FROM {call}")
         assert err.value.sqlstate == "RS004", (call, err.value)
-
-
-@pytest.fixture
-def worker_a(world: str, make_role: MakeRole) -> Iterator[Conn]:
-    role = make_role("replaysafe_worker")
-    bind(world, role, "A")
-    with connect_as(world, role) as c:
-        yield c
 
 
 # --- through the functions -------------------------------------------------------------

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -57,14 +57,6 @@ def seed(dsn: str) -> None:
 def world(dsn: str) -> str:
     seed(dsn)
     return dsn
-
-
-@pytest.fixture
-def worker_a(world: str, make_role: MakeRole) -> Iterator[Conn]:
-    role = make_role("replaysafe_worker")
-    bind(world, role, "A")
-    with connect_as(world, role) as c:
-        yield c
 
 
 def owner_rows(dsn: str, query: str) -> list[tuple[Any, ...]]:
