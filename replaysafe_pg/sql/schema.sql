@@ -1479,6 +1479,25 @@ LEFT JOIN replaysafe.thread_versions v
        ON v.tenant_id = t.tenant_id AND v.thread_id = t.thread_id AND v.version = t.version;
 
 -- ---------------------------------------------------------------------------------------
+-- The installed revision, for every replaysafe role (doctor, `migrate current`). The
+-- version table is alembic's; without it (this script run by hand) the answer is NULL.
+-- ---------------------------------------------------------------------------------------
+
+CREATE FUNCTION replaysafe.installed_revision() RETURNS text
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+BEGIN
+    -- One row on a linear chain; the version table is created by alembic, not by this
+    -- script, so the name is resolved at call time.
+    RETURN (SELECT pg_catalog.string_agg(v.version_num::text, ' ' ORDER BY v.version_num)
+            FROM replaysafe.alembic_version v);
+EXCEPTION WHEN undefined_table THEN
+    RETURN NULL;
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------
 -- Privileges. Row-level security stays enabled with no policy on every table: should a
 -- privilege on a table ever be granted by mistake, that role still reads and writes nothing
 -- (the owner, which the functions run as, is not subject to it: it costs them nothing).
@@ -1533,7 +1552,8 @@ BEGIN
             replaysafe.read_thread(text, text, text),
             replaysafe.write_thread(text, text, bigint, jsonb, text, integer),
             replaysafe.thread_history(text, text, text, integer),
-            replaysafe.delete_thread(text, text, text)
+            replaysafe.delete_thread(text, text, text),
+            replaysafe.installed_revision()
         TO replaysafe_worker;
         GRANT SELECT ON replaysafe.actions_v, replaysafe.action_attempts_v, replaysafe.unresolved_actions,
             replaysafe.multi_effect_actions, replaysafe.threads_v
@@ -1541,6 +1561,7 @@ BEGIN
     END IF;
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'replaysafe_auditor') THEN
         GRANT USAGE ON SCHEMA replaysafe TO replaysafe_auditor;
+        GRANT EXECUTE ON FUNCTION replaysafe.installed_revision() TO replaysafe_auditor;
         GRANT SELECT ON replaysafe.actions_v, replaysafe.action_attempts_v, replaysafe.unresolved_actions,
             replaysafe.multi_effect_actions, replaysafe.threads_v
         TO replaysafe_auditor;
@@ -1551,7 +1572,8 @@ BEGIN
             replaysafe.resolve_action(text, text, text, jsonb, jsonb, text, text, timestamptz, integer),
             replaysafe.reopen_action(text, text, text, timestamptz),
             replaysafe.purge_actions(interval, integer, timestamptz),
-            replaysafe.sweep_expired_actions(integer, timestamptz)
+            replaysafe.sweep_expired_actions(integer, timestamptz),
+            replaysafe.installed_revision()
         TO replaysafe_operator;
         GRANT SELECT ON replaysafe.actions_v, replaysafe.action_attempts_v, replaysafe.unresolved_actions,
             replaysafe.multi_effect_actions, replaysafe.threads_v

@@ -1,0 +1,2 @@
+-- Downgrade of 0004.
+DROP FUNCTION replaysafe.installed_revision();
