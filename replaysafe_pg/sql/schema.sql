@@ -1462,12 +1462,16 @@ FROM replaysafe._visible_actions x
 WHERE x.state = 'unknown' OR (x.state = 'running' AND x.lease_expires_at <= now());
 
 CREATE VIEW replaysafe.multi_effect_actions WITH (security_barrier = true) AS
-SELECT t.tenant_id, t.action_key, a.operation, count(*) AS successful_attempts
-FROM replaysafe._visible_attempts t
-JOIN replaysafe.actions a ON a.tenant_id = t.tenant_id AND a.action_key = t.action_key
-WHERE t.outcome = 'succeeded'
-GROUP BY t.tenant_id, t.action_key, a.operation
-HAVING count(*) > 1;
+SELECT m.tenant_id, m.action_key, a.operation, m.successful_attempts
+FROM (SELECT t.tenant_id, t.action_key, count(*) AS successful_attempts
+      FROM replaysafe._visible_attempts t
+      WHERE t.outcome = 'succeeded'
+      GROUP BY t.tenant_id, t.action_key
+      HAVING count(*) > 1) m
+-- One primary-key lookup per multi-effect action (LIMIT keeps the planner from a hash join
+-- that reads every tenant's actions).
+CROSS JOIN LATERAL (SELECT x.operation FROM replaysafe.actions x
+                    WHERE x.tenant_id = m.tenant_id AND x.action_key = m.action_key LIMIT 1) a;
 
 -- Ownership by user id is enforced by the functions; the view shows every thread of the
 -- reader's tenant.

@@ -1,5 +1,5 @@
-"""The installed revision, readable by every replaysafe role (doctor and ``migrate current``
-as a worker or an auditor).
+"""What readers need: the installed revision for every replaysafe role (doctor and
+``migrate current`` as a worker or an auditor); multi_effect_actions bounded by the tenant.
 
 Revision ID: 0004
 Revises: 0003
@@ -18,8 +18,8 @@ depends_on = None
 
 
 def upgrade(connection: Connection | None = None) -> None:
-    run_revision_sql(__file__, "0004_installed_revision.sql", connection)
+    run_revision_sql(__file__, "0004_readers.sql", connection)
 
 
 def downgrade(connection: Connection | None = None) -> None:
-    run_revision_sql(__file__, "0004_installed_revision.down.sql", connection)
+    run_revision_sql(__file__, "0004_readers.down.sql", connection)

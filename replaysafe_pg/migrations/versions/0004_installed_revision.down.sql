@@ -1,2 +1,0 @@
--- Downgrade of 0004.
-DROP FUNCTION replaysafe.installed_revision();
