@@ -12,7 +12,11 @@ wall-clock schedule, so both meet the same load from the rest of the machine; th
 median over the window pairs. The server is an embedded Postgres with default settings (fsync and
 synchronous_commit on) in a fresh data directory under /tmp, stopped by PID at the end.
 
-    PYTHONPATH=. python bench/threads_bench.py [--window 0.5] [--windows 8]
+Both sides run as a bound worker login by default (a LOGIN role in ``replaysafe_worker``
+bound to the bench tenant, holding plain privileges on the floor's tables): what users run,
+through the security path. ``--as-owner`` measures as the schema owner instead.
+
+    PYTHONPATH=. python bench/threads_bench.py [--window 0.5] [--windows 8] [--as-owner]
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from replaysafe_pg import Threads, embedded
 warnings.filterwarnings("ignore", module="platformdirs")
 
 HISTORY_LIMIT = 20
+WORKER_ROLE = "bench_threads_worker"
 # Incompressible (pglz would shrink a repetitive 2 KB string to almost nothing).
 FILLER = base64.b64encode(random.Random(42).randbytes(1425)).decode()
 
@@ -199,6 +204,8 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=0.5, help="seconds per window")
     parser.add_argument("--windows", type=int, default=8,
                         help="window pairs (floor, ours) per measurement")
+    parser.add_argument("--as-owner", action="store_true",
+                        help="connect as the schema owner (skips the security path)")
     args = parser.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="rs-threads-bench-", dir="/tmp"))
@@ -209,12 +216,19 @@ def main() -> None:
             c.execute("CREATE DATABASE rs_bench")
             settings = c.execute("SELECT current_setting('server_version'), current_setting('fsync'), "
                                  "current_setting('synchronous_commit')").fetchone()
-        dsn = pg_conninfo.make_conninfo(admin, dbname="rs_bench")
-        replaysafe_pg.migrate(dsn)
-        with psycopg.connect(dsn, autocommit=True) as c:
+        owner_dsn = pg_conninfo.make_conninfo(admin, dbname="rs_bench")
+        replaysafe_pg.migrate(owner_dsn)
+        with psycopg.connect(owner_dsn, autocommit=True) as c:
             c.execute(FLOOR_SCHEMA)
+            c.execute(f"CREATE ROLE {WORKER_ROLE} LOGIN IN ROLE replaysafe_worker")
+            c.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON bench_head, bench_versions "
+                      f"TO {WORKER_ROLE}")
+            c.execute("SELECT replaysafe.bind_role_to_tenant(p_role => %s, p_tenant_id => 'bench')",
+                      (WORKER_ROLE,))
+        dsn = owner_dsn if args.as_owner else pg_conninfo.make_conninfo(owner_dsn, user=WORKER_ROLE)
+        who = "the schema owner" if args.as_owner else f"a bound worker login ({WORKER_ROLE})"
         print(f"Postgres {settings}; {args.windows} alternating window pairs of {args.window:g} s "
-              f"per measurement; psycopg {psycopg.__version__}")
+              f"per measurement; psycopg {psycopg.__version__}; both sides as {who}")
 
         print("\n| operation | c | floor ops/s | ours ops/s | ours / floor (median of windows) "
               "| floor p50 / p99 ms | ours p50 / p99 ms | ratio range |")
