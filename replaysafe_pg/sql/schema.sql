@@ -89,6 +89,9 @@ CREATE TABLE replaysafe.actions (
 -- sweep_expired_actions and unresolved_actions: only running rows, ordered by lease.
 CREATE INDEX actions_running_lease_idx ON replaysafe.actions (lease_expires_at)
     WHERE state = 'running';
+-- A tenant's sweep: its own expired leases only (running rows are few: in flight or stuck).
+CREATE INDEX actions_tenant_running_lease_idx ON replaysafe.actions (tenant_id, lease_expires_at)
+    WHERE state = 'running';
 -- purge_actions: only terminal rows, oldest first.
 CREATE INDEX actions_terminal_completed_idx ON replaysafe.actions (completed_at)
     WHERE state IN ('succeeded', 'failed');
@@ -1025,6 +1028,8 @@ DECLARE
     v_keys   text[];
     v_tenant text;
     v_all    boolean;
+    v_tenants text[];
+    v_actions text[];
 BEGIN
     IF p_limit IS NULL OR p_limit < 1 THEN
         PERFORM replaysafe._invalid('p_limit', 'must be a positive integer');
@@ -1037,15 +1042,28 @@ BEGIN
         RETURN 0;
     END IF;
 
+    -- The batch first, locked: through (tenant_id, lease_expires_at) for a tenant's sweep, so it
+    -- never walks other tenants' expired leases; through (lease_expires_at) for everyone's.
+    IF v_tenant IS NULL THEN
+        SELECT array_agg(d.tenant_id), array_agg(d.action_key) INTO v_tenants, v_actions
+        FROM (SELECT x.tenant_id, x.action_key FROM replaysafe.actions x
+              WHERE x.state = 'running' AND x.lease_expires_at <= p_now
+              ORDER BY x.lease_expires_at LIMIT p_limit FOR UPDATE SKIP LOCKED) d;
+    ELSE
+        SELECT array_agg(d.tenant_id), array_agg(d.action_key) INTO v_tenants, v_actions
+        FROM (SELECT x.tenant_id, x.action_key FROM replaysafe.actions x
+              WHERE x.tenant_id = v_tenant AND x.state = 'running' AND x.lease_expires_at <= p_now
+              ORDER BY x.lease_expires_at LIMIT p_limit FOR UPDATE SKIP LOCKED) d;
+    END IF;
+    IF v_actions IS NULL THEN
+        RETURN 0;
+    END IF;
+
     WITH due AS (
         SELECT x.tenant_id, x.action_key, x.attempt, x.on_expired, x.has_waiters,
                x.idempotency_key, x.lease_expires_at
-        FROM replaysafe.actions x
-        WHERE x.state = 'running' AND x.lease_expires_at <= p_now
-          AND (v_tenant IS NULL OR x.tenant_id = v_tenant)
-        ORDER BY x.lease_expires_at
-        LIMIT p_limit
-        FOR UPDATE SKIP LOCKED
+        FROM unnest(v_tenants, v_actions) AS k(tenant_id, action_key)
+        JOIN replaysafe.actions x ON x.tenant_id = k.tenant_id AND x.action_key = k.action_key
     ), moved AS (
         UPDATE replaysafe.actions x
         SET state = CASE WHEN d.on_expired = 'reclaim' THEN 'retryable' ELSE 'unknown' END::replaysafe.action_state,

@@ -49,3 +49,36 @@ def test_multi_effect_actions_reads_only_the_tenants_rows(
         text = plan(worker, "SELECT * FROM replaysafe.multi_effect_actions")
         assert "Seq Scan on actions" not in text, text
         assert "Seq Scan on action_attempts t_1" not in text, text  # the tenant's branch
+
+
+def index_scans(dsn: str, index: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("SELECT pg_stat_clear_snapshot()")
+        row = c.execute("SELECT idx_scan FROM pg_stat_user_indexes WHERE schemaname = 'replaysafe' "
+                        "AND indexrelname = %s", (index,)).fetchone()
+        assert row is not None, f"no index {index}"
+        return int(row[0])
+
+
+def test_a_tenants_sweep_reads_its_own_expired_leases_only(
+        world: str, make_role: Callable[..., str]) -> None:
+    """Other tenants' expired leases are many; tenant A's sweep goes through the
+    (tenant_id, lease_expires_at) index, not the one every tenant's sweep walks."""
+    with psycopg.connect(world, autocommit=True) as c:
+        c.execute("UPDATE replaysafe.actions SET state = 'running', "
+                  "lease_expires_at = now() - interval '1 hour' WHERE action_key LIKE 'k1%%'")
+        c.execute("ANALYZE replaysafe.actions")
+    role = make_role("replaysafe_worker")
+    bind(world, role, "A")
+    tenant_idx, global_idx = "actions_tenant_running_lease_idx", "actions_running_lease_idx"
+    before = index_scans(world, tenant_idx), index_scans(world, global_idx)
+    with connect_as(world, role) as worker:
+        swept = worker.execute("SELECT replaysafe.sweep_expired_actions(p_limit => 5)").fetchone()
+        worker.execute("SELECT pg_stat_force_next_flush()")
+    assert swept == (5,)
+    after = index_scans(world, tenant_idx), index_scans(world, global_idx)
+    assert after[0] > before[0] and after[1] == before[1], (before, after)
+    with psycopg.connect(world) as c:
+        left = c.execute("SELECT tenant_id, count(*) FROM replaysafe.actions WHERE state = 'unknown' "
+                         "GROUP BY tenant_id").fetchall()
+    assert left == [("A", 5)]
