@@ -127,16 +127,20 @@ def wrap_errors() -> Iterator[None]:
 # --- Errors of Ledger.run (client side: no SQLSTATE of their own) ----------------------
 
 class UnstorableResult(ReplaysafeError):
-    """The tool ran but its result cannot be stored as jsonb (not JSON, NaN, NUL, too large).
+    """The tool ran but its result cannot be stored as jsonb: the encoder cannot convert it
+    (an arbitrary object), or it is NaN/Infinity, holds a NUL character or is too large.
 
     The action has been marked ``unknown`` (the effect happened, its result is lost to the
-    ledger), so it is never re-run automatically. ``.result`` holds what the tool returned.
+    ledger), so it is never re-run automatically. ``.result`` holds what the tool returned;
+    ``.result_repr`` its ``repr`` (truncated), which is also kept in the action's error.
     """
 
-    def __init__(self, message: str, *, action_key: str, result: Any = None) -> None:
+    def __init__(self, message: str, *, action_key: str, result: Any = None,
+                 result_repr: str | None = None) -> None:
         super().__init__(message)
         self.action_key = action_key
         self.result = result
+        self.result_repr = result_repr
 
 
 class OutcomeNotRecorded(ReplaysafeError):

@@ -20,6 +20,11 @@ from replaysafe_pg.models import ReportOutcome
 MAX_RESULT_BYTES = 64 * 1024 * 1024
 # Error messages are kept short: they are replayed to every later caller.
 MAX_ERROR_MESSAGE = 4000
+# What an unknown action keeps of a result it could not store: its repr, cut to this length.
+MAX_RESULT_REPR = 2000
+
+# ``run(..., encoder=)``: turns what a tool returned into JSON data (docs/run.md).
+Encoder: TypeAlias = Callable[[Any], Any]
 
 Retryable: TypeAlias = (
     "type[BaseException] | tuple[type[BaseException], ...] | Callable[[BaseException], bool] | None")
@@ -174,20 +179,63 @@ def dump_error(error: dict[str, Any]) -> str:
         return json.dumps({k: _clean(str(v)) for k, v in error.items()}, ensure_ascii=False)
 
 
-def dump_result(result: Any, action_key: str, limit: int) -> str:
-    """``result`` as JSON text for ``complete_action``, or :class:`UnstorableResult`."""
+def result_repr(result: Any) -> str:
+    """``repr(result)``, storable and at most MAX_RESULT_REPR characters (plus "...")."""
     try:
-        text = _json.dumps(result, "result")
-        size = len(text) if text.isascii() else len(text.encode("utf-8"))
-    except InvalidArgument as exc:
-        raise UnstorableResult(f"the result of action {action_key!r} cannot be stored: {exc}",
-                               action_key=action_key, result=result) from None
-    except UnicodeEncodeError as exc:
-        raise UnstorableResult(
-            f"the result of action {action_key!r} cannot be stored: not valid UTF-8 text ({exc})",
-            action_key=action_key, result=result) from None
+        text = repr(result)
+    except Exception as exc:
+        cls = type(result)
+        text = f"<{cls.__module__}.{cls.__qualname__}: repr() failed: {type(exc).__name__}: {exc}>"
+    if len(text) > MAX_RESULT_REPR:
+        return _clean(text[:MAX_RESULT_REPR]) + "..."
+    return _clean(text)
+
+
+def unstorable(action_key: str, result: Any, why: str) -> UnstorableResult:
+    """The error for a result the ledger cannot store; its ``repr`` goes with it."""
+    return UnstorableResult(f"the result of action {action_key!r} cannot be stored: {why}",
+                            action_key=action_key, result=result, result_repr=result_repr(result))
+
+
+def unstorable_error(exc: UnstorableResult) -> dict[str, Any]:
+    """What ``mark_action_unknown`` keeps of an unstorable result: enough to resolve the
+    action by hand (docs/reconcile.md)."""
+    cls = type(exc.result)
+    return error_of(exc, reason="unstorable_result",
+                    result_type=f"{cls.__module__}.{cls.__qualname__}",
+                    result_repr=exc.result_repr)
+
+
+def dump_result(result: Any, action_key: str, limit: int,
+                encoder: Encoder | None) -> tuple[str, Any]:
+    """``result`` as JSON text for ``complete_action``, and the value a replay reads back
+    from that text; or :class:`UnstorableResult`."""
+    try:
+        if encoder is None:
+            raw = _json.pydantic_json(result)
+            text, size = raw.decode("utf-8"), len(raw)
+        else:
+            data = encoder(result)
+    except Exception as exc:
+        raise unstorable(action_key, result,
+                         f"{'pydantic-core' if encoder is None else 'the encoder'} cannot "
+                         f"convert it: {type(exc).__name__}: {exc}") from None
+    if encoder is not None:
+        try:
+            text = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+        except (TypeError, ValueError) as exc:
+            raise unstorable(action_key, result,
+                             f"the encoder returned what is not JSON: {exc}") from None
+        try:
+            size = len(text) if text.isascii() else len(text.encode("utf-8"))
+        except UnicodeEncodeError as exc:
+            raise unstorable(action_key, result, f"not valid UTF-8 text ({exc})") from None
+    if _json.has_nul(text):
+        raise unstorable(action_key, result,
+                         "it contains a NUL character (\\u0000), which jsonb cannot store")
     if size > limit:
-        raise UnstorableResult(
-            f"the result of action {action_key!r} cannot be stored: {size} bytes of JSON "
-            f"exceed the limit of {limit}", action_key=action_key, result=result)
-    return text
+        raise unstorable(action_key, result, f"{size} bytes of JSON exceed the limit of {limit}")
+    try:
+        return text, _json.loads(text)
+    except ValueError as exc:  # NaN, Infinity; an integer too long to read back
+        raise unstorable(action_key, result, str(exc)) from None

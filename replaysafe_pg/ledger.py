@@ -15,13 +15,13 @@ from replaysafe_pg import arun, reconcile, run, runner
 from replaysafe_pg._conn import AsyncConninfo, AsyncSource, Conninfo, SyncSource
 from replaysafe_pg._heartbeat import Heartbeater
 from replaysafe_pg.calls import Calls, Lease, Statement, default_worker_id
-from replaysafe_pg.execution import MAX_RESULT_BYTES, Execution, Retryable
+from replaysafe_pg.execution import MAX_RESULT_BYTES, Encoder, Execution, Retryable
 from replaysafe_pg.models import Action, ActionState, Attempt, Claim, ReportOutcome
 from replaysafe_pg.reconcile import DEFAULT_CONCURRENCY, Lookup, Reconciliation, Request
 from replaysafe_pg.runner import CallSpec, Plan
 
-__all__ = ["DEFAULT_LEASE", "DEFAULT_WAIT_TIMEOUT", "AsyncLedger", "CallSpec", "Lease", "Ledger",
-           "default_worker_id"]
+__all__ = ["DEFAULT_LEASE", "DEFAULT_WAIT_TIMEOUT", "AsyncLedger", "CallSpec", "Encoder", "Lease",
+           "Ledger", "default_worker_id"]
 
 DEFAULT_LEASE = timedelta(seconds=30)
 DEFAULT_WAIT_TIMEOUT = runner.DEFAULT_WAIT_TIMEOUT
@@ -36,10 +36,14 @@ class _LedgerBase:
 
     _awaits = False  # the async flavour awaits coroutine tools
 
-    def __init__(self, *, tenant_id: str, worker_id: str | None) -> None:
+    def __init__(self, *, tenant_id: str, worker_id: str | None,
+                 encoder: Encoder | None) -> None:
         self._calls = Calls(tenant_id, worker_id)
         # run(): results whose JSON is larger are not stored (the action becomes unknown).
         self.max_result_bytes = MAX_RESULT_BYTES
+        # run(): what turns a tool's result into JSON data; None is pydantic-core's
+        # to_jsonable_python (docs/run.md).
+        self.encoder = encoder
 
     @property
     def tenant_id(self) -> str:
@@ -49,27 +53,31 @@ class _LedgerBase:
     def worker_id(self) -> str:
         return self._calls.worker_id
 
-    def _plans(self, calls: Sequence[CallSpec], **options: Any) -> list[Plan]:
+    def _plans(self, calls: Sequence[CallSpec], *, encoder: Encoder | None,
+               **options: Any) -> list[Plan]:
         return runner.make_plans(self._calls, calls, async_ok=self._awaits,
-                                 max_result_bytes=self.max_result_bytes, **options)
+                                 max_result_bytes=self.max_result_bytes,
+                                 encoder=self.encoder if encoder is None else encoder, **options)
 
-    def _plan(self, operation: str, fn: Callable[..., Any], args: dict[str, Any], key: str,
-              **options: Any) -> Plan:
+    def _plan(self, operation: str, fn: Callable[..., Any], args: dict[str, Any], key: str, *,
+              encoder: Encoder | None, **options: Any) -> Plan:
         return runner.make_plan(self._calls, operation, fn, args, key,
                                 async_ok=self._awaits,
-                                max_result_bytes=self.max_result_bytes, **options)
+                                max_result_bytes=self.max_result_bytes,
+                                encoder=self.encoder if encoder is None else encoder, **options)
 
 
 class Ledger(_LedgerBase):
     """The action ledger for one tenant (synchronous).
 
     ``conninfo`` is a DSN (the ledger opens one autocommit connection lazily), a psycopg
-    connection, or a psycopg_pool pool.
+    connection, or a psycopg_pool pool. ``encoder`` turns what ``run``'s tools return into
+    JSON data (default: pydantic-core's ``to_jsonable_python``; see docs/run.md).
     """
 
     def __init__(self, conninfo: Conninfo, *, tenant_id: str = "default",
-                 worker_id: str | None = None) -> None:
-        super().__init__(tenant_id=tenant_id, worker_id=worker_id)
+                 worker_id: str | None = None, encoder: Encoder | None = None) -> None:
+        super().__init__(tenant_id=tenant_id, worker_id=worker_id, encoder=encoder)
         self._source = SyncSource(conninfo)
         self._heartbeats = Heartbeater(self._source)
         self._runner = run.Runner(self._calls, self._source, self._heartbeats)
@@ -81,22 +89,25 @@ class Ledger(_LedgerBase):
     def run(self, operation: str, fn: Callable[..., Any], args: dict[str, Any], *, key: str,
             thread_id: str | None = None, lease: Lease = DEFAULT_LEASE,
             on_expired: str = "unknown", wait_timeout: float = DEFAULT_WAIT_TIMEOUT,
-            timeout: float | None = None, retryable: Retryable = None) -> Execution:
+            timeout: float | None = None, retryable: Retryable = None,
+            encoder: Encoder | None = None) -> Execution:
         """Run ``fn(**args)`` at most once for ``key``; see docs/run.md.
 
         Claims the action; if it is ours, runs the tool (with heartbeats, passing
         ``idempotency_key=`` when ``fn`` takes it) and records the outcome; if it is
         recorded, returns it (``replay=True``); if another attempt runs it, waits for it up
-        to ``wait_timeout`` seconds (then ``status="running"``).
+        to ``wait_timeout`` seconds (then ``status="running"``). ``result`` is what a replay
+        returns: the stored JSON of ``encoder(fn's result)`` (default: the ledger's).
         """
         return self._runner.run(self._plan(
             operation, fn, args, key, thread_id=thread_id, lease=lease, on_expired=on_expired,
-            wait_timeout=wait_timeout, timeout=timeout, retryable=retryable))
+            wait_timeout=wait_timeout, timeout=timeout, retryable=retryable, encoder=encoder))
 
     def run_many(self, calls: Sequence[CallSpec], *, thread_id: str | None = None,
                  lease: Lease = DEFAULT_LEASE, on_expired: str = "unknown",
                  wait_timeout: float = DEFAULT_WAIT_TIMEOUT, timeout: float | None = None,
-                 retryable: Retryable = None, max_workers: int = 16) -> list[Execution]:
+                 retryable: Retryable = None, max_workers: int = 16,
+                 encoder: Encoder | None = None) -> list[Execution]:
         """The parallel tool calls of one model turn: ``(operation, fn, args, key)`` each.
 
         All claims in one round trip; the claimed calls run in a thread pool and each is
@@ -104,7 +115,8 @@ class Ledger(_LedgerBase):
         """
         return self._runner.run_many(self._plans(
             calls, thread_id=thread_id, lease=lease, on_expired=on_expired,
-            wait_timeout=wait_timeout, timeout=timeout, retryable=retryable), max_workers)
+            wait_timeout=wait_timeout, timeout=timeout, retryable=retryable, encoder=encoder),
+            max_workers)
 
     def __enter__(self) -> Ledger:
         return self
@@ -192,8 +204,8 @@ class AsyncLedger(_LedgerBase):
     _awaits = True
 
     def __init__(self, conninfo: AsyncConninfo, *, tenant_id: str = "default",
-                 worker_id: str | None = None) -> None:
-        super().__init__(tenant_id=tenant_id, worker_id=worker_id)
+                 worker_id: str | None = None, encoder: Encoder | None = None) -> None:
+        super().__init__(tenant_id=tenant_id, worker_id=worker_id, encoder=encoder)
         self._source = AsyncSource(conninfo)
         self._runner = arun.Runner(self._calls, self._source)
 
@@ -203,20 +215,22 @@ class AsyncLedger(_LedgerBase):
     async def run(self, operation: str, fn: Callable[..., Any], args: dict[str, Any], *,
                   key: str, thread_id: str | None = None, lease: Lease = DEFAULT_LEASE,
                   on_expired: str = "unknown", wait_timeout: float = DEFAULT_WAIT_TIMEOUT,
-                  timeout: float | None = None, retryable: Retryable = None) -> Execution:
+                  timeout: float | None = None, retryable: Retryable = None,
+                  encoder: Encoder | None = None) -> Execution:
         """See :meth:`Ledger.run`; coroutine functions are awaited, plain ones run in a thread."""
         return await self._runner.run(self._plan(
             operation, fn, args, key, thread_id=thread_id, lease=lease, on_expired=on_expired,
-            wait_timeout=wait_timeout, timeout=timeout, retryable=retryable))
+            wait_timeout=wait_timeout, timeout=timeout, retryable=retryable, encoder=encoder))
 
     async def run_many(self, calls: Sequence[CallSpec], *, thread_id: str | None = None,
                        lease: Lease = DEFAULT_LEASE, on_expired: str = "unknown",
                        wait_timeout: float = DEFAULT_WAIT_TIMEOUT, timeout: float | None = None,
-                       retryable: Retryable = None) -> list[Execution]:
+                       retryable: Retryable = None,
+                       encoder: Encoder | None = None) -> list[Execution]:
         """See :meth:`Ledger.run_many`; the claimed calls run concurrently as tasks."""
         return await self._runner.run_many(self._plans(
             calls, thread_id=thread_id, lease=lease, on_expired=on_expired,
-            wait_timeout=wait_timeout, timeout=timeout, retryable=retryable))
+            wait_timeout=wait_timeout, timeout=timeout, retryable=retryable, encoder=encoder))
 
     async def __aenter__(self) -> AsyncLedger:
         return self

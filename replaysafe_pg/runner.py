@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import json
 import logging
 import time
 from collections.abc import Callable, Generator, Sequence
@@ -26,11 +25,12 @@ from typing import Any, Generic, TypeAlias, TypeVar
 
 import psycopg
 
-from replaysafe_pg import _args
+from replaysafe_pg import _args, _json
 from replaysafe_pg.calls import Calls, Encoded, Lease, Statement
 from replaysafe_pg.errors import InvalidArgument, OutcomeNotRecorded, UnstorableResult
 from replaysafe_pg.execution import (
     Call,
+    Encoder,
     Execution,
     ExecutionStatus,
     Retryable,
@@ -41,6 +41,8 @@ from replaysafe_pg.execution import (
     is_retryable,
     tool_info,
     tool_kwargs,
+    unstorable,
+    unstorable_error,
 )
 from replaysafe_pg.models import ActionState, Attempt, Claim, ClaimOutcome, ReportOutcome
 
@@ -77,6 +79,7 @@ class Plan:
     is_async: bool
     awaits: bool  # the async flavour: it awaits what the tool returns
     max_result_bytes: int
+    encoder: Encoder | None  # None: the default (pydantic-core)
 
     @property
     def lease(self) -> Any:
@@ -86,7 +89,7 @@ class Plan:
 def make_plan(calls: Calls, operation: str, fn: Callable[..., Any], args: dict[str, Any],
               key: str, *, thread_id: str | None, lease: Lease, on_expired: str,
               wait_timeout: float, timeout: float | None, retryable: Retryable,
-              async_ok: bool, max_result_bytes: int) -> Plan:
+              async_ok: bool, max_result_bytes: int, encoder: Encoder | None) -> Plan:
     if not callable(fn):
         raise InvalidArgument(f"fn must be callable, got {type(fn).__name__}")
     is_async = tool_info(fn).is_async
@@ -94,8 +97,10 @@ def make_plan(calls: Calls, operation: str, fn: Callable[..., Any], args: dict[s
         raise InvalidArgument(
             f"fn {getattr(fn, '__qualname__', fn)!r} is a coroutine function: a sync Ledger "
             "cannot await it; use AsyncLedger.run")
-    # Serialising the request validates args: a JSON object, nothing written otherwise.
-    claim = calls.claim(key, operation, args, lease, thread_id, on_expired, None)
+    # Serialising the request validates args: strict JSON (the request's fingerprint), a
+    # JSON object, nothing written otherwise.
+    request = Encoded(_json.dumps_object(args, "args"))
+    claim = calls.claim(key, operation, request, lease, thread_id, on_expired, None)
     if not all(isinstance(name, str) for name in args):
         raise InvalidArgument("args must have string keys (they are passed as keyword arguments)")
     lease_seconds = claim.params["lease"].total_seconds()  # positive: checked by the builder
@@ -105,9 +110,11 @@ def make_plan(calls: Calls, operation: str, fn: Callable[..., Any], args: dict[s
         raise InvalidArgument("timeout must be None or a positive number of seconds")
     if not (retryable is None or callable(retryable) or isinstance(retryable, tuple)):
         raise InvalidArgument("retryable must be an exception type, a tuple of them, or a predicate")
+    if encoder is not None and not callable(encoder):
+        raise InvalidArgument(f"encoder must be None or callable, got {type(encoder).__name__}")
     return Plan(operation, fn, args, key, claim, lease_seconds, float(wait_timeout),
                 None if timeout is None else float(timeout), retryable, is_async, async_ok,
-                max_result_bytes)
+                max_result_bytes, encoder)
 
 
 CallSpec = Call | tuple[str, Callable[..., Any], dict[str, Any], str]
@@ -235,7 +242,7 @@ class Report:
             return False
         field = "result" if self.state == ActionState.SUCCEEDED else "error"
         sent = self.statement.params.get(field)
-        return sent is not None and getattr(row, field) == json.loads(sent)
+        return sent is not None and getattr(row, field) == _json.loads(sent)
 
     @classmethod
     def success(cls, calls: Calls, plan: Plan, attempt: int, text: str) -> Report:
@@ -414,18 +421,18 @@ def execute(calls: Calls, plan: Plan, claim: Claim, ticket: Ticket) -> Steps[Exe
         pending = started(plan, claim, ExecutionStatus.FAILED, error=error, retryable=True)
         yield from _record(ticket, Report.failure(calls, plan, attempt, error, True), pending)
         raise problem
-    pending = started(plan, claim, ExecutionStatus.SUCCEEDED, result=result)
     try:
-        text = dump_result(result, plan.key, plan.max_result_bytes)
+        # The result returned is the one a replay reads back (docs/run.md).
+        text, stored = dump_result(result, plan.key, plan.max_result_bytes, plan.encoder)
+        pending = started(plan, claim, ExecutionStatus.SUCCEEDED, result=stored)
         outcome = yield from _record(ticket, Report.success(calls, plan, attempt, text), pending)
     except (UnstorableResult, InvalidArgument) as exc:
-        unstorable = exc if isinstance(exc, UnstorableResult) else UnstorableResult(
-            f"the result of action {plan.key!r} was refused by the database: {exc}",
-            action_key=plan.key, result=result)
-        error = {"reason": "unstorable_result", "message": str(unstorable)}
+        refused = exc if isinstance(exc, UnstorableResult) else unstorable(
+            plan.key, result, f"the database refused it: {exc}")
+        error = unstorable_error(refused)
         pending = started(plan, claim, ExecutionStatus.UNKNOWN, error=error)
         yield from _record(ticket, Report.unknown(calls, plan, attempt, error), pending)
-        raise unstorable from None
+        raise refused from None
     return finish(pending, ticket.lease_lost, outcome)
 
 

@@ -183,9 +183,10 @@ def test_args_that_are_not_a_json_object_are_refused_and_nothing_is_written(
     assert tool.calls == [] and count_rows(dsn) == 0
 
 
-@pytest.mark.parametrize("result, why", [({"x": math.nan}, "Out of range float"), ("a\x00b", "NUL"),
-                                         ({1, 2}, "not JSON-serialisable"),
-                                         ("\ud800", "UTF-8"), ("x" * 300, "exceed the limit")])
+@pytest.mark.parametrize("result, why", [({"x": math.nan}, "NaN is not a JSON number"),
+                                         ("a\x00b", "NUL"), (object(), "cannot convert it"),
+                                         ("\ud800", "surrogates not allowed"),
+                                         ("x" * 300, "exceed the limit")])
 def test_an_unstorable_result_marks_unknown_raises_and_never_reruns(
         led: Ledger, dsn: str, result: Any, why: str) -> None:
     led.max_result_bytes = 256

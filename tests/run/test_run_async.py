@@ -120,7 +120,7 @@ def test_async_run_many_and_argument_checks(dsn: str) -> None:
             with pytest.raises(InvalidArgument):
                 await led.run("d", double, {"x": float("nan")}, key="bad")
             with pytest.raises(UnstorableResult):
-                await led.run("d", lambda: {1, 2}, {}, key="set")
-            assert (await led.run("d", lambda: 1, {}, key="set")).status == "unknown"
+                await led.run("d", lambda: object(), {}, key="obj")
+            assert (await led.run("d", lambda: 1, {}, key="obj")).status == "unknown"
 
     asyncio.run(main())
