@@ -79,6 +79,7 @@ class State:
     ephemeral: bool = False
     json: bool = False
     debug: bool = False
+    explicit: set[str] = field(default_factory=set)  # options given on the command line
     _db: Database | None = field(default=None, repr=False)
 
     @property
@@ -98,10 +99,18 @@ def _state(ctx: click.Context) -> State:
 
 
 def _set(attr: str) -> Callable[[click.Context, click.Parameter, Any], None]:
-    def callback(ctx: click.Context, _param: click.Parameter, value: Any) -> None:
-        # Flags given before or after the subcommand's name both count.
-        if value is not None and value is not False:
-            setattr(_state(ctx), attr, value)
+    def callback(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+        # Flags given before or after the subcommand's name both count; a value from the
+        # environment (read again at every level) never overrides one given on the line.
+        if value is None or value is False:
+            return
+        state = _state(ctx)
+        source = ctx.get_parameter_source(param.name) if param.name else None
+        if source is click.core.ParameterSource.COMMANDLINE:
+            state.explicit.add(attr)
+        elif attr in state.explicit:
+            return
+        setattr(state, attr, value)
     return callback
 
 

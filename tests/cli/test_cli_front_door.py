@@ -143,3 +143,11 @@ def test_sync_run_inside_a_running_event_loop_is_refused_not_blocking(dsn: str) 
     # Outside a loop (or in a worker thread of one) it runs as before.
     with Ledger(dsn, tenant_id="t1") as led:
         assert led.run("refund", lambda: 7, {}, key="k").result == 7
+
+
+def test_dsn_on_the_command_line_wins_over_the_environment_at_every_level(
+        dsn: str, empty_dsn: str) -> None:
+    # REPLAYSAFE_DSN is read again by the subcommand: it must not replace the --dsn before it.
+    result = run("--dsn", dsn, "audit", env={"REPLAYSAFE_DSN": empty_dsn})
+    assert result.exit_code == 0, result.stderr
+    assert run("audit", env={"REPLAYSAFE_DSN": empty_dsn}).exit_code == 2
