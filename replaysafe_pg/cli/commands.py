@@ -130,7 +130,8 @@ def global_options(f: F) -> F:
         click.option("--json", "json_", is_flag=True, default=False, expose_value=False,
                      callback=_set("json"), help="Machine-readable JSON on stdout."),
         click.option("--debug", is_flag=True, default=False, expose_value=False,
-                     callback=_set("debug"), help="Show tracebacks."),
+                     callback=_set("debug"),
+                     help="Add the traceback to an error (the exit status stays 2)."),
     ]
     for option in reversed(options):
         f = option(f)
