@@ -248,10 +248,12 @@ def place(admin_dsn: str, template_db: str, make_role: Any, tmp_path: Path) -> I
     try:
         yield p
     finally:
-        for pid in embedded.postmasters_of(p.pgdata):
-            embedded.stop_pid(pid, timeout=5)
-        shutil.rmtree(top, ignore_errors=True)
-        p.drop()
+        try:
+            for pid in embedded.postmasters_of(p.pgdata):
+                embedded.stop_pid(pid, timeout=5)
+        finally:
+            shutil.rmtree(top, ignore_errors=True)
+            p.drop()
 
 
 def run_block(place: Place, commands: list[str]) -> list[tuple[int, str, str]]:
