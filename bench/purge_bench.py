@@ -120,7 +120,7 @@ def main() -> None:
         purge_start = time.time()
         done = subprocess.run(
             [sys.executable, "-c", "from replaysafe_pg.cli import main; main()", "--dsn", dsn,
-             "purge", "--older-than", "7d", "--batch-size", str(args.batch_size)],
+             "purge", "--older-than", "7d", "--batch-size", str(args.batch_size), "--yes"],
             env=env, stdout=subprocess.PIPE, text=True, check=True)
         purge_end = time.time()
         time.sleep(1.0)

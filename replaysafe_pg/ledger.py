@@ -7,6 +7,7 @@ Nothing in the package below them imports this module.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -15,6 +16,7 @@ from replaysafe_pg import arun, reconcile, run, runner
 from replaysafe_pg._conn import AsyncConninfo, AsyncSource, Conninfo, SyncSource
 from replaysafe_pg._heartbeat import Heartbeater
 from replaysafe_pg.calls import Calls, Lease, Statement, default_worker_id
+from replaysafe_pg.errors import InvalidArgument
 from replaysafe_pg.execution import MAX_RESULT_BYTES, Encoder, Execution, Retryable
 from replaysafe_pg.models import Action, ActionState, Attempt, Claim, ReportOutcome
 from replaysafe_pg.reconcile import DEFAULT_CONCURRENCY, Lookup, Reconciliation, Request
@@ -27,6 +29,17 @@ DEFAULT_LEASE = timedelta(seconds=30)
 DEFAULT_WAIT_TIMEOUT = runner.DEFAULT_WAIT_TIMEOUT
 
 T = TypeVar("T")
+
+
+def _refuse_in_event_loop(method: str) -> None:
+    """A sync run waits (for the tool, for another worker's claim) and would stall every
+    task of a running event loop meanwhile: refused, pointing at the async flavour."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise InvalidArgument(f"Ledger.{method} was called inside a running asyncio event loop, "
+                          f"which it would block: use AsyncLedger.{method} (await it)")
 
 
 class _LedgerBase:
@@ -99,6 +112,7 @@ class Ledger(_LedgerBase):
         to ``wait_timeout`` seconds (then ``status="running"``). ``result`` is what a replay
         returns: the stored JSON of ``encoder(fn's result)`` (default: the ledger's).
         """
+        _refuse_in_event_loop("run")
         return self._runner.run(self._plan(
             operation, fn, args, key, thread_id=thread_id, lease=lease, on_expired=on_expired,
             wait_timeout=wait_timeout, timeout=timeout, retryable=retryable, encoder=encoder))
@@ -113,6 +127,7 @@ class Ledger(_LedgerBase):
         All claims in one round trip; the claimed calls run in a thread pool and each is
         recorded as soon as it returns. Executions come back in input order.
         """
+        _refuse_in_event_loop("run_many")
         return self._runner.run_many(self._plans(
             calls, thread_id=thread_id, lease=lease, on_expired=on_expired,
             wait_timeout=wait_timeout, timeout=timeout, retryable=retryable, encoder=encoder),

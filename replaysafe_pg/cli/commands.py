@@ -5,8 +5,10 @@ Every subcommand accepts the global options (``--dsn``, ``--pgdata``, ``--epheme
 started and migrated (see :mod:`replaysafe_pg.cli.db`).
 
 Exit status: 0 success; 1 ``audit`` found rows that need attention (or ``doctor`` found a
-problem, or ``reconcile`` left actions ``unknown``); 2 an error (one line on stderr;
-``--debug`` shows the traceback).
+problem, or ``reconcile`` left actions ``unknown``, or ``server status`` found no server);
+2 an error (one line on stderr; ``--debug`` adds the traceback, the status stays 2).
+
+Help texts come from docstrings: :class:`_Command` shows their ``literals`` as plain text.
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ import json
 import os
 import re
 import signal
+import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -34,7 +38,7 @@ import sqlalchemy.exc
 from psycopg.rows import dict_row
 
 from replaysafe_pg import queries, schema
-from replaysafe_pg.cli import render
+from replaysafe_pg.cli import embedded, render
 from replaysafe_pg.cli.db import ConnectError, Database, first_line
 from replaysafe_pg.errors import (
     AccessDenied,
@@ -75,6 +79,7 @@ class State:
     ephemeral: bool = False
     json: bool = False
     debug: bool = False
+    explicit: set[str] = field(default_factory=set)  # options given on the command line
     _db: Database | None = field(default=None, repr=False)
 
     @property
@@ -94,10 +99,18 @@ def _state(ctx: click.Context) -> State:
 
 
 def _set(attr: str) -> Callable[[click.Context, click.Parameter, Any], None]:
-    def callback(ctx: click.Context, _param: click.Parameter, value: Any) -> None:
-        # Flags given before or after the subcommand's name both count.
-        if value is not None and value is not False:
-            setattr(_state(ctx), attr, value)
+    def callback(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+        # Flags given before or after the subcommand's name both count; a value from the
+        # environment (read again at every level) never overrides one given on the line.
+        if value is None or value is False:
+            return
+        state = _state(ctx)
+        source = ctx.get_parameter_source(param.name) if param.name else None
+        if source is click.core.ParameterSource.COMMANDLINE:
+            state.explicit.add(attr)
+        elif attr in state.explicit:
+            return
+        setattr(state, attr, value)
     return callback
 
 
@@ -106,16 +119,19 @@ def global_options(f: F) -> F:
         click.option("--dsn", envvar="REPLAYSAFE_DSN", expose_value=False, callback=_set("dsn"),
                      help="Database to use (libpq URI or key=value). Env: REPLAYSAFE_DSN. "
                           "Without it an embedded Postgres is started."),
-        click.option("--pgdata", type=click.Path(file_okay=False, path_type=Path),
+        click.option("--pgdata", "--data-dir", "pgdata", envvar="REPLAYSAFE_PGDATA",
+                     type=click.Path(file_okay=False, path_type=Path),
                      expose_value=False, callback=_set("pgdata"),
-                     help="Data directory of the embedded Postgres (default: a per-user dir)."),
+                     help="Data directory of the embedded Postgres. Env: REPLAYSAFE_PGDATA "
+                          f"(default: {embedded.default_pgdata()})."),
         click.option("--ephemeral", is_flag=True, default=False, expose_value=False,
                      callback=_set("ephemeral"),
                      help="Use a throwaway embedded Postgres, deleted at exit."),
         click.option("--json", "json_", is_flag=True, default=False, expose_value=False,
                      callback=_set("json"), help="Machine-readable JSON on stdout."),
         click.option("--debug", is_flag=True, default=False, expose_value=False,
-                     callback=_set("debug"), help="Show tracebacks."),
+                     callback=_set("debug"),
+                     help="Add the traceback to an error (the exit status stays 2)."),
     ]
     for option in reversed(options):
         f = option(f)
@@ -142,7 +158,39 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first_line(exc)} (run with --debug for the traceback)"
 
 
+_RST_LITERAL = re.compile(r"``(.+?)``|`([^`]+)`", re.DOTALL)
+
+
+def plain(text: str) -> str:
+    """Help text without reST/Markdown literals: ``migrate current`` and `migrate current`
+    read as 'migrate current' in a terminal."""
+    return _RST_LITERAL.sub(lambda m: f"'{m.group(1) or m.group(2)}'", text)
+
+
+def _plain_help(command: click.Command) -> None:
+    # Before click wraps the text: a literal broken across two lines would keep its quotes.
+    if command.help:
+        command.help = plain(command.help)
+    if command.short_help:
+        command.short_help = plain(command.short_help)
+    for param in command.params:
+        if isinstance(param, click.Option) and param.help:
+            param.help = plain(param.help)
+
+
+class _Command(click.Command):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _plain_help(self)
+
+
 class _Group(click.Group):
+    command_class = _Command
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _plain_help(self)
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
@@ -150,7 +198,9 @@ class _Group(click.Group):
             raise
         except Exception as exc:
             if _state(ctx).debug:
-                raise
+                # The traceback is added; the exit status stays that of an error (2), never
+                # the 1 that means "needs attention".
+                click.echo("".join(traceback.format_exception(exc)).rstrip(), err=True)
             raise CliError(describe(exc)) from None
 
 
@@ -159,17 +209,30 @@ def _on_sigterm(_signum: int, _frame: Any) -> NoReturn:
     raise SystemExit(128 + signal.SIGTERM)
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("replaysafe-pg")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @global_options
+@click.version_option(_version(), "--version", prog_name="replaysafe-pg",
+                      message="%(prog)s %(version)s")
 @click.pass_context
 def main(ctx: click.Context) -> None:
     """replaysafe_pg: replay-safe side effects for AI agents, enforced in Postgres."""
     state = _state(ctx)
-    ctx.call_on_close(state.close)
     if (threading.current_thread() is threading.main_thread()
             and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL):
         signal.signal(signal.SIGTERM, _on_sigterm)
+        # Closing callbacks run last-in first-out: the handler stays while state.close stops
+        # and deletes an embedded server (a SIGTERM then unwinds after the cleanup).
         ctx.call_on_close(lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
+    ctx.call_on_close(state.close)
 
 
 # --- shared helpers ------------------------------------------------------------------------
@@ -454,7 +517,7 @@ def actions_show(ctx: click.Context, conn: psycopg.Connection[Any], key: str,
     def human() -> str:
         pairs = [(f.replace("_", " "), getattr(action, f)) for f in action.__slots__]
         text = render.fields(pairs)
-        rows = [render.jsonable(a) | {"outcome": a.outcome} for a in attempts]
+        rows = [dataclasses.asdict(a) for a in attempts]
         cols = ["attempt", "worker_id", "claimed_at", "ended_at", "outcome", "superseded", "error"]
         return text + "\n\nattempts:\n" + render.table(rows, cols)
 
@@ -536,14 +599,32 @@ def sweep(ctx: click.Context, conn: psycopg.Connection[Any], limit: int) -> None
               help="Delete terminal actions finished longer ago than this (7d, 12h).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=10000, show_default=True,
               help="Actions deleted per transaction.")
+@click.option("--yes", "-y", "yes", is_flag=True,
+              help="Do not ask for confirmation (needed when stdin is not a terminal).")
+@click.option("--dry-run", is_flag=True, help="Only count what would be deleted.")
 @click.pass_context
 @_with_conn
 def purge(ctx: click.Context, conn: psycopg.Connection[Any], older_than: timedelta,
-          batch_size: int) -> None:
-    """Delete old succeeded/failed actions in batches (safe while workers run)."""
+          batch_size: int, yes: bool, dry_run: bool) -> None:
+    """Delete old succeeded/failed actions in batches (safe while workers run).
+
+    Shows how many actions would go and asks before deleting; --yes skips the question,
+    which a run without a terminal (cron, CI) must pass."""
     # One cutoff for the whole run: rows finishing meanwhile do not keep the loop going.
     now: datetime = _rows(conn, "database_now")[0]["now"]
+    cutoff = now - older_than
     expected = _rows(conn, "purge_candidates", {"now": now, "older_than": older_than})[0]["count"]
+    what = f"{expected} succeeded/failed action(s) finished before {cutoff:%Y-%m-%d %H:%M:%S%z}"
+    if dry_run:
+        _emit(ctx, f"would purge {what} (dry run, nothing deleted)",
+              {"dry_run": True, "would_purge": expected, "cutoff": cutoff})
+        return
+    if expected and not yes:
+        if not sys.stdin.isatty():
+            raise CliError(f"purge would delete {what}: pass --yes to confirm "
+                           "(--dry-run only counts)")
+        if not click.confirm(f"delete {what}?", err=True):
+            raise CliError("nothing purged (not confirmed)")
     ledger = Ledger(conn)
     total = 0
     batches = 0
@@ -558,9 +639,9 @@ def purge(ctx: click.Context, conn: psycopg.Connection[Any], older_than: timedel
             bar.update(deleted)
             if deleted < batch_size:
                 break
-    _emit(ctx, f"purged {total} action(s) finished before {now - older_than:%Y-%m-%d %H:%M:%S%z} "
+    _emit(ctx, f"purged {total} action(s) finished before {cutoff:%Y-%m-%d %H:%M:%S%z} "
                f"in {batches} batch(es)",
-          {"purged": total, "batches": batches, "cutoff": now - older_than})
+          {"purged": total, "batches": batches, "cutoff": cutoff})
 
 
 # --- reconcile, reopen ----------------------------------------------------------------------
@@ -850,6 +931,17 @@ _USER = click.option("--user", "user_id", default=None,
                      help="The owning user (required for threads created with a user).")
 
 
+def _thread_owner_hint(thread_id: str, user_id: str | None, exc: AccessDenied) -> Exception:
+    """The thread functions refuse a thread that belongs to another user (or to a user, when
+    none is given) with the same error as a tenant the role may not act for."""
+    if "user may not use that thread" not in str(exc):
+        return exc
+    if user_id is None:
+        return CliError(f"AccessDenied: thread {thread_id} belongs to a user: pass --user USER "
+                        "(the user it was created with)")
+    return CliError(f"AccessDenied: thread {thread_id} belongs to another user than {user_id}")
+
+
 @threads.command("show")
 @global_options
 @click.argument("thread_id")
@@ -861,7 +953,10 @@ def threads_show(ctx: click.Context, conn: psycopg.Connection[Any], thread_id: s
                  tenant_id: str, user_id: str | None) -> None:
     """Show the latest state of a thread."""
     with Threads(conn, tenant_id=tenant_id, user_id=user_id) as th:
-        row = dataclasses.asdict(th.read(thread_id))
+        try:
+            row = dataclasses.asdict(th.read(thread_id))
+        except AccessDenied as exc:
+            raise _thread_owner_hint(thread_id, user_id, exc) from None
     if row["version"] == 0:
         raise NotFound(f"no thread {thread_id} for tenant {tenant_id}")
     data = {"tenant_id": tenant_id, "thread_id": thread_id, **row,
@@ -889,7 +984,10 @@ def threads_history(ctx: click.Context, conn: psycopg.Connection[Any], thread_id
                     tenant_id: str, user_id: str | None, limit: int) -> None:
     """List the kept versions of a thread, newest first."""
     with Threads(conn, tenant_id=tenant_id, user_id=user_id) as th:
-        rows = [dataclasses.asdict(v) for v in th.history(thread_id, limit=limit)]
+        try:
+            rows = [dataclasses.asdict(v) for v in th.history(thread_id, limit=limit)]
+        except AccessDenied as exc:
+            raise _thread_owner_hint(thread_id, user_id, exc) from None
     if not rows:
         raise NotFound(f"no thread {thread_id} for tenant {tenant_id}")
     _emit(ctx, lambda: render.table(rows, ["version", "created_at", "state"]), rows)
@@ -914,3 +1012,94 @@ def demo(ctx: click.Context, lease: float) -> None:
                       say=(lambda _text: None) if state.json else click.echo)
     if state.json:
         click.echo(render.dumps(report))
+
+
+# --- server ---------------------------------------------------------------------------------
+
+@main.group(cls=_Group)
+@global_options
+def server() -> None:
+    """Keep an embedded Postgres running for your own code.
+
+    `export REPLAYSAFE_DSN=$(replaysafe-pg server start)` starts it (migrated) and gives its
+    DSN to your code and to every later replaysafe-pg command. Data in --pgdata (default: the
+    embedded server's per-user directory). --dsn and REPLAYSAFE_DSN are ignored here."""
+
+
+def _server_pgdata(ctx: click.Context) -> Path:
+    state = _state(ctx)
+    if state.ephemeral:
+        raise CliError("--ephemeral makes no sense for a server that outlives the command: "
+                       "use --pgdata DIR")
+    return (state.pgdata or embedded.default_pgdata()).expanduser().resolve()
+
+
+def _server_data(status: embedded.ServerStatus) -> dict[str, Any]:
+    return {"running": status.running, "pid": status.pid, "pgdata": str(status.pgdata),
+            "dsn": status.dsn, "started_at": status.started_at}
+
+
+@server.command("start")
+@global_options
+@click.pass_context
+def server_start(ctx: click.Context) -> None:
+    """Start the server (detached, it keeps running) and migrate it; print its DSN.
+
+    Only the DSN goes to stdout, so `export REPLAYSAFE_DSN=$(replaysafe-pg server start)`
+    works. A server already running is left as it is: its DSN is printed again."""
+    pgdata = _server_pgdata(ctx)
+    try:
+        status = embedded.serve(pgdata, notice=lambda text: click.echo(text, err=True))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        raise CliError(f"could not start the embedded Postgres in {pgdata}: "
+                       f"{first_line(exc)} (its log: {pgdata / 'log'})") from None
+    _emit(ctx, status.dsn or "", _server_data(status))
+
+
+@server.command("url")
+@global_options
+@click.pass_context
+def server_url(ctx: click.Context) -> None:
+    """Print the DSN of the running server (exit status 2 when it is not running)."""
+    status = embedded.server_status(_server_pgdata(ctx))
+    if not status.running:
+        raise CliError(f"no server running on {status.pgdata}: start it with "
+                       "`replaysafe-pg server start`")
+    _emit(ctx, status.dsn or "", _server_data(status))
+
+
+@server.command("status")
+@global_options
+@click.pass_context
+def server_status(ctx: click.Context) -> None:
+    """Say whether the server runs, with its pid, data directory and DSN.
+
+    Exit status 0 when it runs, 1 when it does not."""
+    status = embedded.server_status(_server_pgdata(ctx))
+
+    def human() -> str:
+        if not status.running:
+            stale = ("" if status.stale_pid is None else
+                     f" (its state file named pid {status.stale_pid}, which is gone: removed)")
+            return f"not running: {status.pgdata}{stale}"
+        return render.fields([("status", "running"), ("pid", status.pid),
+                              ("data dir", str(status.pgdata)), ("dsn", status.dsn),
+                              ("started at", status.started_at)])
+
+    _emit(ctx, human, _server_data(status) | {"stale_pid": status.stale_pid})
+    if not status.running:
+        ctx.exit(EXIT_ATTENTION)
+
+
+@server.command("stop")
+@global_options
+@click.pass_context
+def server_stop(ctx: click.Context) -> None:
+    """Stop the server (fast shutdown: open sessions end, committed data stays).
+
+    Stopping a server that is not running is not an error."""
+    status = embedded.unserve(_server_pgdata(ctx))
+    human = (f"stopped the server of {status.pgdata} (pid {status.pid})" if status.running
+             else f"not running: {status.pgdata}")
+    _emit(ctx, human, {"stopped": status.running, "pid": status.pid,
+                       "pgdata": str(status.pgdata)})

@@ -2,15 +2,19 @@
 
 The embedded server is for newcomers: ``pip install`` and run. It keeps its data under a
 per-user directory (``--pgdata`` to choose another), is migrated to head on first use, and
-is stopped again when the command ends if the command started it. ``--ephemeral`` uses a
-throwaway data directory under /tmp that is deleted afterwards.
+is stopped again when the command ends if the command started it (and ``server start`` did
+not adopt it meanwhile). ``--ephemeral`` uses a throwaway data directory under /tmp that is
+deleted afterwards, also when SIGTERM arrives while the server starts or stops: those steps
+finish first, then the command unwinds (see :func:`sigterm_deferred`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import shutil
+import signal
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -51,6 +55,11 @@ class Database:
         return self._server.dsn
 
     def _start_embedded(self) -> None:
+        # A SIGTERM now would leave a half-started server (or its directory) behind.
+        with sigterm_deferred():
+            self._start_embedded_shielded()
+
+    def _start_embedded_shielded(self) -> None:
         if self._ephemeral:
             self._tmpdir = Path(tempfile.mkdtemp(prefix="replaysafe-pg-", dir="/tmp"))
             pgdata = self._tmpdir / "pgdata"
@@ -84,12 +93,38 @@ class Database:
             yield conn
 
     def close(self) -> None:
-        if self._server is not None and self._stop_at_close:
-            embedded.stop(self._server)
-        self._server = None
-        if self._tmpdir is not None:
-            shutil.rmtree(self._tmpdir, ignore_errors=True)
-            self._tmpdir = None
+        with sigterm_deferred():
+            server, self._server = self._server, None
+            if (server is not None and self._stop_at_close
+                    and not (self._tmpdir is None and embedded.is_served(server.pgdata, server.pid))):
+                embedded.stop(server)
+            if self._tmpdir is not None:
+                # Also a postmaster whose start was cut short before it was ours to stop.
+                for pid in embedded.postmasters_of(self._tmpdir / "pgdata"):
+                    embedded.stop_pid(pid)
+                shutil.rmtree(self._tmpdir, ignore_errors=True)
+                self._tmpdir = None
+
+
+@contextlib.contextmanager
+def sigterm_deferred() -> Iterator[None]:
+    """Hold SIGTERM back for the block (starting or stopping a server, deleting its
+    directory), then deliver it to the handler that was in place. Only in the main thread,
+    where Python runs signal handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, _frame: pending.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if pending:
+            if callable(previous):
+                previous(signal.SIGTERM, None)
+            elif previous == signal.SIG_DFL:
+                signal.raise_signal(signal.SIGTERM)
 
 
 def first_line(exc: BaseException) -> str:

@@ -228,7 +228,7 @@ def test_purge_deletes_old_terminal_actions_in_batches(dsn: str) -> None:
         _succeeded(led, "recent", seconds=0)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("UPDATE replaysafe.actions SET completed_at = now() WHERE action_key = 'recent'")
-    result = run("purge", "--older-than", "7d", "--batch-size", "10", dsn=dsn)
+    result = run("purge", "--older-than", "7d", "--batch-size", "10", "--yes", dsn=dsn)
     assert result.exit_code == 0, result.stderr
     assert re.match(r"purged 25 action\(s\) finished before .* in 3 batch\(es\)", result.stdout)
     assert "purging" in result.stderr  # the progress bar
@@ -290,9 +290,13 @@ def test_schema_not_migrated_is_one_clear_line(empty_dsn: str) -> None:
         assert_one_line_error(run(*args, dsn=empty_dsn), "replaysafe-pg migrate")
 
 
-def test_debug_shows_the_traceback(empty_dsn: str) -> None:
-    with pytest.raises(replaysafe_pg.SchemaNotInstalled):
-        run("--debug", "audit", dsn=empty_dsn)
+def test_debug_adds_the_traceback_and_keeps_exit_status_2(empty_dsn: str) -> None:
+    # 1 would mean "needs attention" for audit: an error must stay 2 with --debug.
+    result = run("--debug", "audit", dsn=empty_dsn)
+    assert result.exit_code == 2, (result.exit_code, result.output)
+    assert "Traceback (most recent call last)" in result.stderr
+    assert "SchemaNotInstalled" in result.stderr
+    assert result.stderr.rstrip().splitlines()[-1].startswith("replaysafe-pg: error: ")
 
 
 def test_global_options_after_the_subcommand_and_from_the_environment(dsn: str) -> None:

@@ -18,8 +18,9 @@ def at(seconds: float) -> datetime:
 
 
 def run(*args: str, dsn: str | None = None, env: dict[str, str] | None = None) -> Result:
-    """``replaysafe-pg [--dsn DSN] ARGS...``; never picks up the caller's REPLAYSAFE_DSN."""
-    runner = CliRunner(env={"REPLAYSAFE_DSN": None, **(env or {})})
+    """``replaysafe-pg [--dsn DSN] ARGS...``; never picks up the caller's REPLAYSAFE_DSN (or
+    REPLAYSAFE_PGDATA)."""
+    runner = CliRunner(env={"REPLAYSAFE_DSN": None, "REPLAYSAFE_PGDATA": None, **(env or {})})
     prefix = ["--dsn", dsn] if dsn is not None else []
     return runner.invoke(main, [*prefix, *args], catch_exceptions=False)
 
@@ -54,11 +55,12 @@ def console_script() -> str:
 
 
 def script_env(**extra: str) -> dict[str, str]:
-    """Environment for the console script: this checkout's package, no inherited DSN."""
+    """Environment for the console script: this checkout's package, no inherited DSN or
+    embedded data directory."""
     import os
     from pathlib import Path
 
-    env = {k: v for k, v in os.environ.items() if k != "REPLAYSAFE_DSN"}
+    env = {k: v for k, v in os.environ.items() if k not in ("REPLAYSAFE_DSN", "REPLAYSAFE_PGDATA")}
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env | extra

@@ -1,0 +1,5 @@
+"""``python -m replaysafe_pg.cli``: the ``replaysafe-pg`` command."""
+
+from replaysafe_pg.cli.commands import main
+
+main()
