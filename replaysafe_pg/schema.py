@@ -5,8 +5,9 @@ Three ways in, one implementation:
 * ``alembic upgrade head`` with the project's ``alembic.ini`` (``replaysafe_pg/migrations/env.py`` calls
   :func:`run_from_alembic_env`);
 * ``replaysafe_pg.migrate(dsn)`` from Python;
-* from a user's own alembic ``env.py``: call ``replaysafe_pg.migrate(connection)`` with the
-  SQLAlchemy connection before running your own migrations.
+* from a user's own alembic ``env.py``: ``replaysafe_pg.migrate_in_env(context)`` inside
+  ``context.begin_transaction()``, which follows the alembic command being run (or
+  ``replaysafe_pg.migrate(connection)``, which always upgrades).
 
 Our chain keeps its own version table, ``replaysafe.alembic_version``, so it never collides
 with an application's alembic history. Every run takes a transaction-scoped advisory lock
