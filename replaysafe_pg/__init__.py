@@ -57,6 +57,7 @@ __all__ = [
     "current_revision",
     "downgrade",
     "migrate",
+    "migrate_in_env",
 ]
 
 __version__ = "0.1.0"
@@ -65,9 +66,9 @@ __version__ = "0.1.0"
 # The migration functions load alembic and SQLAlchemy (most of a worker's start-up time):
 # import them on first use only.
 if TYPE_CHECKING:
-    from replaysafe_pg.schema import current_revision, downgrade, migrate
+    from replaysafe_pg.schema import current_revision, downgrade, migrate, migrate_in_env
 
-_LAZY = {"current_revision", "downgrade", "migrate"}
+_LAZY = {"current_revision", "downgrade", "migrate", "migrate_in_env"}
 
 
 def __getattr__(name: str) -> Any:

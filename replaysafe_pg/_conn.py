@@ -26,6 +26,7 @@ from psycopg.pq import ExecStatus, TransactionStatus
 from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
+from replaysafe_pg._dsn import to_conninfo
 from replaysafe_pg.errors import InvalidArgument, wrap_errors
 
 Conninfo: TypeAlias = "str | psycopg.Connection[Any] | ConnectionPool[Any]"
@@ -46,7 +47,9 @@ PINNED_SEARCH_PATH = "-c search_path=pg_catalog,pg_temp"
 
 
 def pinned(conninfo: str) -> str:
-    """``conninfo`` with the search_path of our own connections pinned (other options kept)."""
+    """``conninfo`` (any spelling :mod:`replaysafe_pg._dsn` reads) as a libpq conninfo with
+    the search_path of our own connections pinned (other options kept)."""
+    conninfo = to_conninfo(conninfo)
     options = str(conninfo_to_dict(conninfo).get("options") or "").strip()
     return make_conninfo(conninfo, options=f"{options} {PINNED_SEARCH_PATH}".strip())
 
@@ -114,7 +117,7 @@ async def aexecute_on(conn: psycopg.AsyncConnection[Any], query: LiteralString,
 
 class SyncSource:
     def __init__(self, conninfo: Conninfo) -> None:
-        self.dsn: str | None = conninfo if isinstance(conninfo, str) else None
+        self.dsn: str | None = to_conninfo(conninfo) if isinstance(conninfo, str) else None
         self._pool = conninfo if isinstance(conninfo, ConnectionPool) else None
         self._given = conninfo if isinstance(conninfo, psycopg.Connection) else None
         if self.dsn is None and self._pool is None and self._given is None:
@@ -204,7 +207,7 @@ class SyncSource:
 
 class AsyncSource:
     def __init__(self, conninfo: AsyncConninfo) -> None:
-        self.dsn: str | None = conninfo if isinstance(conninfo, str) else None
+        self.dsn: str | None = to_conninfo(conninfo) if isinstance(conninfo, str) else None
         self._pool = conninfo if isinstance(conninfo, AsyncConnectionPool) else None
         self._given = conninfo if isinstance(conninfo, psycopg.AsyncConnection) else None
         if self.dsn is None and self._pool is None and self._given is None:

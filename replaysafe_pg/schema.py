@@ -5,8 +5,9 @@ Three ways in, one implementation:
 * ``alembic upgrade head`` with the project's ``alembic.ini`` (``replaysafe_pg/migrations/env.py`` calls
   :func:`run_from_alembic_env`);
 * ``replaysafe_pg.migrate(dsn)`` from Python;
-* from a user's own alembic ``env.py``: call ``replaysafe_pg.migrate(connection)`` with the
-  SQLAlchemy connection before running your own migrations.
+* from a user's own alembic ``env.py``: ``replaysafe_pg.migrate_in_env(context)`` inside
+  ``context.begin_transaction()``, which follows the alembic command being run (or
+  ``replaysafe_pg.migrate(connection)``, which always upgrades).
 
 Our chain keeps its own version table, ``replaysafe.alembic_version``, so it never collides
 with an application's alembic history. Every run takes a transaction-scoped advisory lock
@@ -17,9 +18,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, LiteralString, NamedTuple
 
 # alembic and SQLAlchemy are imported where they are used: importing them costs about a
 # second, which every worker process that only needs the driver would pay at start-up.
@@ -27,7 +28,9 @@ if TYPE_CHECKING:
     from alembic.config import Config
     from sqlalchemy.engine import Connection, Engine
 
+from replaysafe_pg._dsn import render_url, sqlalchemy_url
 from replaysafe_pg._paths import migrations_dir, sql_dir
+from replaysafe_pg.errors import AccessDenied, translate
 
 SCHEMA = "replaysafe"
 VERSION_TABLE = "alembic_version"
@@ -74,24 +77,14 @@ def expected_grants() -> set[tuple[str, str, str]]:
     return grants
 
 
-def sqlalchemy_url(dsn: str) -> str:
-    """A libpq URI or key=value DSN as a SQLAlchemy URL for the psycopg 3 dialect."""
-    if dsn.startswith(("postgresql+psycopg://", "postgresql+psycopg:")):
-        return dsn
-    for prefix in ("postgresql://", "postgres://"):
-        if dsn.startswith(prefix):
-            return "postgresql+psycopg://" + dsn[len(prefix) :]
-    # key=value form: let libpq parse it.
-    return "postgresql+psycopg://?" + "&".join(dsn.split())
-
-
 def alembic_config(dsn: str | None = None) -> Config:
     from alembic.config import Config
 
     cfg = Config()
     cfg.set_main_option("script_location", str(migrations_dir()))
     if dsn:
-        cfg.set_main_option("sqlalchemy.url", sqlalchemy_url(dsn).replace("%", "%%"))
+        # "%%": the option is read through configparser's interpolation.
+        cfg.set_main_option("sqlalchemy.url", render_url(sqlalchemy_url(dsn)).replace("%", "%%"))
     return cfg
 
 
@@ -221,18 +214,26 @@ def _context_opts() -> dict[str, Any]:
     }
 
 
-def _run(connection: Connection, destination: str, *, downgrade: bool) -> None:
-    from alembic.runtime.migration import MigrationContext
+def _script() -> Any:
     from alembic.script import ScriptDirectory
 
-    script = ScriptDirectory.from_config(alembic_config())
+    return ScriptDirectory.from_config(alembic_config())
 
+
+def _steps_fn(script: Any, destination: str, *, downgrade: bool) -> Any:
     def steps(rev: Any, _context: Any) -> Any:
         if downgrade:
             return script._downgrade_revs(destination, rev)
         return script._upgrade_revs(destination, rev)
+    return steps
 
-    opts = _context_opts() | {"script": script, "fn": steps}
+
+def _run(connection: Connection, destination: str, *, downgrade: bool) -> None:
+    from alembic.runtime.migration import MigrationContext
+
+    script = _script()
+    opts = _context_opts() | {"script": script,
+                              "fn": _steps_fn(script, destination, downgrade=downgrade)}
     # No alembic EnvironmentContext here: it installs module-level proxies that would
     # clobber the caller's own alembic env when we run inside it.
     ctx = MigrationContext.configure(connection, opts=opts)
@@ -246,52 +247,229 @@ def _connection(target: str | Connection | Engine) -> Iterator[Connection]:
     import sqlalchemy as sa
     from sqlalchemy.engine import Connection, Engine
 
-    if isinstance(target, Connection):
-        if target.in_transaction():
-            yield target
-        else:
-            with target.begin():
+    with _privilege_errors():
+        if isinstance(target, Connection):
+            if target.in_transaction():
                 yield target
-        return
-    engine = target if isinstance(target, Engine) else sa.create_engine(
-        sqlalchemy_url(target), poolclass=sa.NullPool)
+            else:
+                with target.begin():
+                    yield target
+            return
+        engine = target if isinstance(target, Engine) else sa.create_engine(
+            sqlalchemy_url(target), poolclass=sa.NullPool)
+        try:
+            with engine.begin() as conn:
+                yield conn
+        finally:
+            if not isinstance(target, Engine):
+                engine.dispose()
+
+
+@contextlib.contextmanager
+def _privilege_errors() -> Iterator[None]:
+    """A missing privilege reaches the caller as :class:`AccessDenied` (its message says
+    which), not as SQLAlchemy's wrapper of the DBAPI's error."""
+    import psycopg
+    from sqlalchemy.exc import DBAPIError
+
     try:
-        with engine.begin() as conn:
-            yield conn
-    finally:
-        if not isinstance(target, Engine):
-            engine.dispose()
+        yield
+    except (DBAPIError, psycopg.Error) as exc:
+        # Scripts run on the DBAPI connection itself: its errors arrive unwrapped.
+        orig = exc.orig if isinstance(exc, DBAPIError) else exc
+        if isinstance(orig, psycopg.Error) and orig.sqlstate == "42501":
+            domain = translate(orig)
+            if domain is not None:
+                raise domain from exc
+        raise
+
+
+# --- the installed revision, for every role -----------------------------------------------------
+
+# Which way the installed revision may be read by the current role, from the catalogs alone
+# (they need no privilege): replaysafe.installed_revision() (0004 on; EXECUTE for the group
+# roles and the owner), else the version table (the owner, before 0004). NULL: not there.
+REVISION_PROBE_SQL: LiteralString = (
+    "SELECT (SELECT pg_catalog.has_schema_privilege(p.pronamespace, 'USAGE') "
+    "AND pg_catalog.has_function_privilege(p.oid, 'EXECUTE') "
+    "FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace "
+    "WHERE n.nspname = 'replaysafe' AND p.proname = 'installed_revision' AND p.pronargs = 0), "
+    "(SELECT pg_catalog.has_schema_privilege(c.relnamespace, 'USAGE') "
+    "AND pg_catalog.has_table_privilege(c.oid, 'SELECT') "
+    "FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+    "WHERE n.nspname = 'replaysafe' AND c.relname = 'alembic_version' AND c.relkind = 'r')")
+REVISION_BY_FUNCTION_SQL: LiteralString = "SELECT replaysafe.installed_revision()"
+REVISION_BY_TABLE_SQL: LiteralString = "SELECT version_num::text FROM replaysafe.alembic_version"
+
+
+def read_revision(fetch: Callable[[LiteralString], Any]) -> str | None:
+    """The installed revision (None: never migrated, or downgraded to base), read the way
+    the current role may. ``fetch(sql)`` runs one query and returns its first row (or
+    None), on any connection. Raises :class:`AccessDenied` for a role that may read it
+    neither way (not a member of a replaysafe role, not the owner)."""
+    by_function, by_table = fetch(REVISION_PROBE_SQL)
+    if by_function:
+        row = fetch(REVISION_BY_FUNCTION_SQL)
+    elif by_table:
+        row = fetch(REVISION_BY_TABLE_SQL)
+    elif by_function is None and by_table is None:
+        return None
+    else:
+        raise AccessDenied(
+            "access denied: this role may not read the installed replaysafe revision: grant "
+            "it replaysafe_worker, replaysafe_auditor or replaysafe_operator (and migrate to "
+            "0004 or later, which gives them replaysafe.installed_revision()), or connect as "
+            "the schema owner")
+    return None if row is None or row[0] is None else str(row[0])
+
+
+def _revision_on(connection: Connection) -> str | None:
+    import sqlalchemy as sa
+
+    return read_revision(lambda sql: connection.execute(sa.text(sql)).first())
+
+
+def current_revision(target: str | Connection | Engine) -> str | None:
+    """The installed revision, or None when the schema was never migrated. Any role that
+    may use replaysafe can ask (through ``replaysafe.installed_revision()``); the owner can
+    ask a database of any revision."""
+    with _connection(target) as conn:
+        return _revision_on(conn)
+
+
+# --- upgrade and downgrade ---------------------------------------------------------------------
+
+def _resolved(revision: str) -> str:
+    return head_revision() if revision in ("head", "heads") else revision
 
 
 def migrate(target: str | Connection | Engine, revision: str = "head") -> None:
     """Upgrade the ``replaysafe`` schema to ``revision`` (default: the newest), in one
-    transaction. ``target`` is a DSN, a SQLAlchemy engine or connection."""
+    transaction. ``target`` is a DSN, a SQLAlchemy engine or connection.
+
+    When the schema is already at ``revision``, nothing is locked or written: any role that
+    may read the revision (a worker, say, with the application's own DSN) may call it."""
     with _connection(target) as conn:
+        try:
+            if _revision_on(conn) == _resolved(revision):
+                return
+        except AccessDenied:
+            pass  # not even the revision: the migration itself says what is missing
         _run(conn, revision, downgrade=False)
 
 
-def downgrade(target: str | Connection | Engine, revision: str = "base") -> None:
-    """Downgrade to ``revision``; ``base`` removes every replaysafe object but the schema
-    and its (then empty) version table."""
+def downgrade(target: str | Connection | Engine, revision: str) -> None:
+    """Downgrade to ``revision``, which must be given: ``"base"`` removes every replaysafe
+    object (and all its data) but the schema and its then empty version table."""
     with _connection(target) as conn:
         _run(conn, revision, downgrade=True)
 
 
-def current_revision(target: str | Connection | Engine) -> str | None:
-    """The installed revision, or None when the schema was never migrated."""
-    from alembic.runtime.migration import MigrationContext
+class Revision(NamedTuple):
+    revision: str
+    name: str  # the file's stem, e.g. 0002_threads
+    drops: tuple[str, ...]  # the tables (with their rows) its downgrade drops
 
-    with _connection(target) as conn:
-        ctx = MigrationContext.configure(conn, opts=_context_opts())
-        return ctx.get_current_revision()
+
+def revisions() -> list[Revision]:
+    """The chain, oldest first."""
+    import re
+
+    chain = []
+    for s in reversed(list(_script().walk_revisions())):
+        path = Path(s.path)
+        down = (path.parent / f"{path.stem}.down.sql").read_text(encoding="utf-8")
+        tables = re.findall(r"DROP TABLE (?:IF EXISTS )?([\w., ]+)", down)
+        chain.append(Revision(s.revision, path.stem, tuple(
+            t.strip() for group in tables for t in group.split(","))))
+    return chain
+
+
+def undone_by(current: str | None, target: str) -> list[Revision]:
+    """The revisions (newest first) that going from ``current`` to ``target`` undoes: empty
+    unless ``target`` is older than ``current``."""
+    chain = revisions()
+    order = [r.revision for r in chain]
+    if current not in order or (target != "base" and target not in order):
+        return []
+    stop = -1 if target == "base" else order.index(target)
+    return list(reversed(chain[stop + 1:order.index(current) + 1]))
 
 
 def head_revision() -> str:
-    from alembic.script import ScriptDirectory
-
-    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    head = _script().get_current_head()
     assert head is not None
-    return head
+    return str(head)
+
+
+# --- from a user's own alembic env ---------------------------------------------------------------
+
+X_ARGUMENT = "replaysafe"
+
+
+def _alembic_command(migration_context: Any) -> str | None:
+    """The alembic command an env runs under, from the step function alembic gave it (each
+    command defines its own inside itself: ``upgrade.<locals>.upgrade``)."""
+    name = getattr(migration_context.opts.get("fn"), "__qualname__", "")
+    command, sep, _rest = name.partition(".<locals>.")
+    return command if sep else None
+
+
+def migrate_in_env(context: Any) -> None:
+    """Bring replaysafe along with the command a user's alembic ``env.py`` runs. Call it
+    inside ``with context.begin_transaction():``, before ``context.run_migrations()``, in
+    online and offline mode alike (``context`` is ``alembic.context``).
+
+    * ``alembic upgrade ...``: replaysafe is upgraded to its head in your migration's
+      transaction (with ``--sql``: its SQL is printed with yours, from nothing, or from
+      ``-x replaysafe=FROM:head``);
+    * ``-x replaysafe=REV`` with ``alembic upgrade`` or ``alembic downgrade``: replaysafe
+      moves to ``REV``, up or down — the one way to downgrade it from your env;
+    * any other command (``current``, ``check``, ``history``, ``stamp``, ``downgrade``
+      without ``-x replaysafe``...) leaves replaysafe alone.
+    """
+    migration_context = context.get_context()
+    command = _alembic_command(migration_context)
+    wanted = context.get_x_argument(as_dictionary=True).get(X_ARGUMENT)
+    if command != "upgrade" and not (command == "downgrade" and wanted):
+        return
+    if migration_context.as_sql:
+        _print_sql(migration_context, wanted or "head", command)
+        return
+    target = wanted or "head"
+    with _connection(migration_context.connection) as conn:
+        current = _revision_on(conn)
+        if undone_by(current, target):
+            _run(conn, target, downgrade=True)
+        elif current != _resolved(target):
+            _run(conn, target, downgrade=False)
+
+
+def _print_sql(user_context: Any, spec: str, command: str) -> None:
+    """Offline: our revisions' SQL into the user's script (its output buffer, inside its
+    BEGIN ... COMMIT). ``spec`` is ``TO`` or ``FROM:TO`` (alembic's own notation)."""
+    from alembic.operations import Operations
+    from alembic.runtime.migration import MigrationContext
+    from alembic.util import CommandError
+
+    start, _sep, destination = spec.rpartition(":")
+    down = bool(undone_by(start or None, _resolved(destination)))
+    if (command == "downgrade" or destination == "base") and not down:
+        raise CommandError(f"replaysafe_pg: an offline downgrade needs the revision it starts "
+                           f"from: -x {X_ARGUMENT}=FROM:{destination}")
+    script = _script()
+    opts = _context_opts() | {
+        "script": script, "fn": _steps_fn(script, destination, downgrade=down), "as_sql": True,
+        "literal_binds": True, "output_buffer": user_context.output_buffer,
+        "starting_rev": start or None, "destination_rev": destination}
+    ours = MigrationContext.configure(dialect_name="postgresql",
+                                      dialect_opts={"paramstyle": "named"}, opts=opts)
+    ours.execute(PREPARE_SQL.replace(":", r"\:"))
+    # Our revisions run their SQL through alembic.op: bound to our context while they run
+    # (the user's run_migrations binds it to theirs afterwards).
+    with Operations.context(ours):
+        ours.run_migrations()
+    ours.execute(RESTORE_SQL)
 
 
 def run_from_alembic_env(context: Any) -> None:
@@ -316,8 +494,7 @@ def run_from_alembic_env(context: Any) -> None:
         return
     if not dsn:
         raise SystemExit("no database: pass -x dsn=..., set REPLAYSAFE_DSN or sqlalchemy.url")
-    url = sqlalchemy_url(dsn)
-    engine = sa.create_engine(url, poolclass=sa.NullPool)
+    engine = sa.create_engine(sqlalchemy_url(dsn), poolclass=sa.NullPool)
     try:
         with engine.connect() as conn:
             context.configure(connection=conn, **_context_opts())

@@ -314,9 +314,12 @@ _TENANT_ONE = click.option("--tenant", "tenant_id", default="default", show_defa
 @global_options
 @click.option("--sql", "print_sql", is_flag=True,
               help="Print the SQL of the upgrade instead of running it (needs no database).")
-@click.option("--revision", default="head", show_default=True, help="Target revision.")
+@click.option("--revision", default="head", show_default=True,
+              help="Target revision. An older one than installed downgrades, with --yes only.")
+@click.option("--yes", is_flag=True,
+              help="Confirm a downgrade (it drops what the newer revisions added, data included).")
 @click.pass_context
-def migrate(ctx: click.Context, print_sql: bool, revision: str) -> None:
+def migrate(ctx: click.Context, print_sql: bool, revision: str, yes: bool) -> None:
     """Upgrade the replaysafe schema (``migrate current`` shows the installed revision)."""
     if ctx.invoked_subcommand is not None:
         return
@@ -324,15 +327,40 @@ def migrate(ctx: click.Context, print_sql: bool, revision: str) -> None:
         click.echo(offline_sql(revision), nl=False)
         return
     state = _state(ctx)
-    with state.db.connection():
-        pass  # a clear error for a bad DSN before alembic wraps it
+    with state.db.connection() as conn:  # a clear error for a bad DSN before alembic wraps it
+        before = installed_revision(conn)
     dsn = state.db.dsn()
-    before = schema.current_revision(dsn)
-    schema.migrate(dsn, revision)
-    after = schema.current_revision(dsn)
-    human = (f"already at {after}" if before == after
-             else f"migrated from {before or 'nothing'} to {after}")
+    undone = schema.undone_by(before, revision)
+    if undone and not yes:
+        raise CliError(f"--revision {revision} would DOWNGRADE from {before}: {_undoing(undone)}; "
+                       "run again with --yes to downgrade")
+    if undone:
+        schema.downgrade(dsn, revision)
+    else:
+        schema.migrate(dsn, revision)
+    with state.db.connection() as conn:
+        after = installed_revision(conn)
+    if before == after:
+        human = f"already at {after}"
+    else:
+        verb = "downgraded" if undone else "migrated"
+        human = f"{verb} from {before or 'nothing'} to {after or 'base (nothing)'}"
     _emit(ctx, human, {"before": before, "after": after, "head": schema.head_revision()})
+
+
+def _undoing(undone: list[schema.Revision]) -> str:
+    """What a downgrade undoes and which tables (with their rows) it drops."""
+    names = ", ".join(r.name for r in undone)
+    dropped = [t for r in undone for t in r.drops]
+    if not dropped:
+        return f"undoing {names} (no table is dropped)"
+    return f"undoing {names} and DROPPING {', '.join(dropped)} with every row in them"
+
+
+def installed_revision(conn: psycopg.Connection[Any]) -> str | None:
+    """The installed revision, as any replaysafe role may read it (see schema.read_revision)."""
+    with wrap_errors():
+        return schema.read_revision(lambda sql: conn.execute(sql).fetchone())
 
 
 def offline_sql(revision: str = "head") -> str:
@@ -349,12 +377,10 @@ def offline_sql(revision: str = "head") -> str:
 @migrate.command("current")
 @global_options
 @click.pass_context
-def migrate_current(ctx: click.Context) -> None:
+@_with_conn
+def migrate_current(ctx: click.Context, conn: psycopg.Connection[Any]) -> None:
     """Show the installed schema revision and the newest one."""
-    state = _state(ctx)
-    with state.db.connection():
-        pass
-    current = schema.current_revision(state.db.dsn())
+    current = installed_revision(conn)
     head = schema.head_revision()
     if current is None:
         human = f"not installed (head is {head}): run `replaysafe-pg migrate`"
@@ -377,43 +403,72 @@ def doctor(ctx: click.Context, conn: psycopg.Connection[Any]) -> None:
     checks: list[dict[str, Any]] = [{
         "check": "connection", "ok": True,
         "detail": f"{info['role']}@{info['database']}, PostgreSQL {info['server_version']}"}]
-    current = schema.current_revision(_state(ctx).db.dsn())
     head = schema.head_revision()
-    checks.append({"check": "schema revision", "ok": current == head,
-                   "detail": f"{current or 'not installed'} (head {head})"
-                   + ("" if current == head else ": run `replaysafe-pg migrate`")})
+    scopes = _rows(conn, "caller_scope")
+    scope = scopes[0] if scopes else None
+    try:
+        current, readable = installed_revision(conn), True
+    except AccessDenied:
+        current, readable = None, False
+    if readable:
+        checks.append({"check": "schema revision", "ok": current == head,
+                       "detail": f"{current or 'not installed'} (head {head})"
+                       + ("" if current == head else ": run `replaysafe-pg migrate`")})
+    else:
+        checks.append({"check": "schema revision", "ok": False, "detail": (
+            f"unknown: {info['role']} may not read it (it is not a member of replaysafe_worker, "
+            "replaysafe_auditor or replaysafe_operator, nor the schema owner)")})
     for role in _rows(conn, "group_roles"):
         checks.append({"check": f"role {role['name']}", "ok": role["present"],
                        "detail": "exists" if role["present"] else "missing (the migrating role "
                        "could not create roles; create it and migrate again)"})
     counts: dict[str, int] = {}
-    if current is not None:
-        checks += _schema_object_checks(_rows(conn, "schema_objects"))
+    installed = scope is not None and (current is not None or not readable)
+    # Every check reads the catalogs, which any role may: they are complete for any caller.
+    # Only the counts read the actions view, as the caller's rights allow.
+    counts_scope: str | None = None
+    if installed:
+        checks += _schema_object_checks(_rows(conn, "schema_objects"), complete=current == head)
         checks += _privilege_checks(_rows(conn, "schema_privileges"), _rows(conn, "default_privileges"))
         for table in _rows(conn, "table_rls"):
             checks.append({"check": f"row-level security on {table['table_name']}",
                            "ok": table["rls_enabled"],
                            "detail": "enabled" if table["rls_enabled"] else "DISABLED"})
-        counts = {r["state"]: r["actions"] for r in _rows(conn, "counts_by_state")}
+        assert scope is not None
+        if scope["reads_actions"]:
+            counts = {r["state"]: r["actions"] for r in _rows(conn, "counts_by_state")}
+            counts_scope = "every tenant" if scope["owner"] else "the tenants this role may read"
     ok = all(c["ok"] for c in checks)
 
     def human() -> str:
         lines = [f"{'ok  ' if c['ok'] else 'FAIL'}  {c['check']}: {c['detail']}" for c in checks]
-        if current is not None:
+        if installed and counts_scope is None:
+            lines.append(f"actions by state: not shown ({info['role']} may not read "
+                         "replaysafe.actions_v; the schema owner or a replaysafe role may)")
+        elif installed:
             states = [s.value for s in ActionState]
-            lines.append("actions by state: " + ", ".join(f"{s} {counts.get(s, 0)}" for s in states))
+            lines.append("actions by state: " + ", ".join(f"{s} {counts.get(s, 0)}" for s in states)
+                         + ("" if counts_scope == "every tenant" else
+                            f" (as {info['role']}, not the schema owner: only the tenants it may "
+                            "read; every check above is complete for any role)"))
         return "\n".join(lines)
 
     _emit(ctx, human, {"ok": ok, "checks": checks, "counts": counts,
-                       "revision": current, "head": head})
+                       "counts_scope": counts_scope, "revision": current, "head": head})
     if not ok:
         ctx.exit(EXIT_ATTENTION)
 
 
-def _schema_object_checks(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _schema_object_checks(objects: list[dict[str, Any]], *,
+                          complete: bool) -> list[dict[str, Any]]:
     """Objects the migration did not create, objects of another owner, functions whose
-    search_path is not pinned: each can run a stranger's code as the schema owner."""
+    search_path is not pinned: each can run a stranger's code as the schema owner. With
+    ``complete`` (at head), also what the migration creates and is missing (a damaged
+    schema)."""
     expected = schema.expected_objects()
+    present = {(o["kind"], o["name"]) for o in objects}
+    missing = sorted(f"{kind} {name}" for kind in ("table", "view", "function", "type")
+                     for name in expected[kind] if (kind, name) not in present)
     overloads: dict[str, list[str]] = {}
     foreign, strangers, unpinned = [], [], []
     for o in objects:
@@ -431,7 +486,7 @@ def _schema_object_checks(objects: list[dict[str, Any]]) -> list[dict[str, Any]]
     strangers += [f"{len(sigs)} functions named {name} (the migration creates one): "
                   + ", ".join(sigs) for name, sigs in overloads.items()
                   if len(sigs) > 1 and name in expected["function"]]
-    return [
+    checks = [
         {"check": "schema objects created by the migration", "ok": not strangers,
          "detail": "yes" if not strangers else "NOT created by the migration: " + ", ".join(strangers)},
         {"check": "schema objects owned by the schema owner", "ok": not foreign,
@@ -439,6 +494,11 @@ def _schema_object_checks(objects: list[dict[str, Any]]) -> list[dict[str, Any]]
         {"check": "functions pin search_path", "ok": not unpinned,
          "detail": "yes" if not unpinned else "NOT pinned: " + ", ".join(unpinned)},
     ]
+    if complete:
+        checks.insert(0, {"check": "schema objects the migration creates", "ok": not missing,
+                          "detail": "all present" if not missing
+                          else "MISSING: " + ", ".join(missing)})
+    return checks
 
 
 _GRANTED_PRIVILEGE = {"function": "EXECUTE", "view": "SELECT", "schema": "USAGE"}

@@ -24,6 +24,7 @@ import psycopg
 from replaysafe_pg import schema
 from replaysafe_pg._conn import pinned
 from replaysafe_pg.cli import embedded
+from replaysafe_pg.errors import InvalidArgument
 
 
 class ConnectError(Exception):
@@ -84,7 +85,7 @@ class Database:
         dsn = self.dsn()
         try:
             return psycopg.connect(pinned(dsn), autocommit=True, **kwargs)
-        except psycopg.Error as exc:
+        except (psycopg.Error, InvalidArgument) as exc:  # InvalidArgument: a DSN libpq cannot read
             raise ConnectError(f"cannot connect to the database: {first_line(exc)}") from exc
 
     @contextlib.contextmanager

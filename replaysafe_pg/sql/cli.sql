@@ -7,6 +7,11 @@
 -- name: server_info --
 SELECT current_setting('server_version') AS server_version, current_user::text AS role, current_database()::text AS database
 
+-- name: caller_scope --
+-- doctor: is the caller the schema's owner (a member of it, or a superuser), and may it read
+-- the actions view at all? No row: no schema. Catalogs only: any role may ask.
+SELECT pg_catalog.pg_has_role(n.nspowner, 'MEMBER') AS owner, pg_catalog.has_schema_privilege(n.oid, 'USAGE') AND coalesce(pg_catalog.has_table_privilege(c.oid, 'SELECT'), false) AS reads_actions FROM pg_catalog.pg_namespace n LEFT JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = 'actions_v' WHERE n.nspname = 'replaysafe'
+
 -- name: group_roles --
 SELECT r.name, EXISTS (SELECT 1 FROM pg_catalog.pg_roles p WHERE p.rolname = r.name) AS present FROM pg_catalog.unnest(ARRAY['replaysafe_worker', 'replaysafe_operator', 'replaysafe_auditor']) AS r(name) ORDER BY r.name
 

@@ -20,7 +20,8 @@ import pytest
 from psycopg import conninfo as pg_conninfo
 
 import replaysafe_pg
-from replaysafe_pg.schema import head_revision, schema_sql, sqlalchemy_url
+from replaysafe_pg._dsn import render_url, sqlalchemy_url
+from replaysafe_pg.schema import head_revision, schema_sql
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -149,7 +150,7 @@ def test_upgrade_downgrade_upgrade(new_db: Callable[[], str], reference_dump: st
     dsn = new_db()
     replaysafe_pg.migrate(dsn)
     replaysafe_pg.Ledger(dsn, tenant_id="t").claim("k", "op", {})
-    replaysafe_pg.downgrade(dsn)
+    replaysafe_pg.downgrade(dsn, "base")
     # Only the schema and its (empty) version table stay: the table, its key and row types.
     assert leftovers(dsn) == [
         ("relation", "alembic_version"), ("relation", "alembic_version_pkc"),
@@ -274,7 +275,7 @@ def test_inside_a_users_own_alembic_env(tmp_path: Path, empty_dsn: str,
     (tmp_path / "script.py.mako").write_text("")
     (tmp_path / "versions" / "u0001_widgets.py").write_text(textwrap.dedent(USER_REVISION))
     (tmp_path / "alembic.ini").write_text(f"[alembic]\nscript_location = {tmp_path}\n")
-    url = sqlalchemy_url(empty_dsn)
+    url = render_url(sqlalchemy_url(empty_dsn))
     for _ in range(2):  # the second run finds both chains at head
         done = alembic("-c", str(tmp_path / "alembic.ini"), "-x", f"dsn={url}", "upgrade",
                        "head", cwd=tmp_path)

@@ -127,8 +127,13 @@ BEGIN
         EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION replaysafe.installed_revision() FROM %s',
             CASE WHEN r.grantee = 0 THEN 'PUBLIC' ELSE r.grantee::pg_catalog.regrole::text END);
     END LOOP;
-    FOR r IN SELECT rolname FROM pg_catalog.pg_roles
-             WHERE rolname IN ('replaysafe_worker', 'replaysafe_auditor', 'replaysafe_operator') LOOP
+    -- In schema.sql's order (worker, auditor, operator): the ACL keeps the order of the
+    -- grants, and the dump comparison with schema.sql sees it (pg_roles' order varies).
+    FOR r IN SELECT g.rolname FROM pg_catalog.unnest(
+                 ARRAY['replaysafe_worker', 'replaysafe_auditor', 'replaysafe_operator'])
+                 WITH ORDINALITY AS g(rolname, n)
+             WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_roles x WHERE x.rolname = g.rolname)
+             ORDER BY g.n LOOP
         EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION replaysafe.installed_revision() TO %I',
                                   r.rolname);
     END LOOP;
