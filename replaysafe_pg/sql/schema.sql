@@ -95,8 +95,11 @@ CREATE INDEX actions_tenant_running_lease_idx ON replaysafe.actions (tenant_id, 
 -- purge_actions: only terminal rows, oldest first.
 CREATE INDEX actions_terminal_completed_idx ON replaysafe.actions (completed_at)
     WHERE state IN ('succeeded', 'failed');
--- unresolved_actions: unknown rows are few and must be found without a scan.
-CREATE INDEX actions_unknown_idx ON replaysafe.actions (updated_at)
+-- A tenant's purge: its own old actions only.
+CREATE INDEX actions_tenant_terminal_completed_idx ON replaysafe.actions (tenant_id, completed_at)
+    WHERE state IN ('succeeded', 'failed');
+-- unresolved_actions and reconciliation: a tenant's unknown rows, oldest first, without a scan.
+CREATE INDEX actions_unknown_idx ON replaysafe.actions (tenant_id, updated_at)
     WHERE state = 'unknown';
 
 CREATE TABLE replaysafe.action_attempts (
@@ -1107,6 +1110,8 @@ DECLARE
     v_count  integer;
     v_tenant text;
     v_all    boolean;
+    v_tenants text[];
+    v_actions text[];
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM replaysafe._caller_scope c WHERE c.owner_or_operator) THEN
         -- EXECUTE is the operators'; a grant to another role by mistake must not open it.
@@ -1127,14 +1132,26 @@ BEGIN
         RETURN 0;
     END IF;
 
+    -- The batch first, locked: through (tenant_id, completed_at) for a tenant's purge, so it
+    -- never walks other tenants' old actions; through (completed_at) for everyone's.
+    IF v_tenant IS NULL THEN
+        SELECT array_agg(d.tenant_id), array_agg(d.action_key) INTO v_tenants, v_actions
+        FROM (SELECT x.tenant_id, x.action_key FROM replaysafe.actions x
+              WHERE x.state IN ('succeeded', 'failed') AND x.completed_at < p_now - p_older_than
+              ORDER BY x.completed_at LIMIT p_limit FOR UPDATE SKIP LOCKED) d;
+    ELSE
+        SELECT array_agg(d.tenant_id), array_agg(d.action_key) INTO v_tenants, v_actions
+        FROM (SELECT x.tenant_id, x.action_key FROM replaysafe.actions x
+              WHERE x.tenant_id = v_tenant AND x.state IN ('succeeded', 'failed')
+                AND x.completed_at < p_now - p_older_than
+              ORDER BY x.completed_at LIMIT p_limit FOR UPDATE SKIP LOCKED) d;
+    END IF;
+    IF v_actions IS NULL THEN
+        RETURN 0;
+    END IF;
+
     WITH victims AS (
-        SELECT x.tenant_id, x.action_key
-        FROM replaysafe.actions x
-        WHERE x.state IN ('succeeded', 'failed') AND x.completed_at < p_now - p_older_than
-          AND (v_tenant IS NULL OR x.tenant_id = v_tenant)
-        ORDER BY x.completed_at
-        LIMIT p_limit
-        FOR UPDATE SKIP LOCKED
+        SELECT k.tenant_id, k.action_key FROM unnest(v_tenants, v_actions) AS k(tenant_id, action_key)
     ), gone_attempts AS (  -- data-modifying CTEs always run to completion
         DELETE FROM replaysafe.action_attempts t
         USING victims v

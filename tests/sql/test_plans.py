@@ -82,3 +82,27 @@ def test_a_tenants_sweep_reads_its_own_expired_leases_only(
         left = c.execute("SELECT tenant_id, count(*) FROM replaysafe.actions WHERE state = 'unknown' "
                          "GROUP BY tenant_id").fetchall()
     assert left == [("A", 5)]
+
+
+def test_a_tenants_purge_reads_its_own_old_actions_only(
+        world: str, make_role: Callable[..., str]) -> None:
+    """Every tenant's old actions are many; tenant A's purge goes through the
+    (tenant_id, completed_at) index, not the one every tenant's purge walks."""
+    with psycopg.connect(world, autocommit=True) as c:
+        c.execute("UPDATE replaysafe.actions SET completed_at = now() - interval '40 days'")
+        c.execute("ANALYZE replaysafe.actions")
+    role = make_role("replaysafe_operator")
+    bind(world, role, "A")
+    tenant_idx, global_idx = "actions_tenant_terminal_completed_idx", "actions_terminal_completed_idx"
+    before = index_scans(world, tenant_idx), index_scans(world, global_idx)
+    with connect_as(world, role) as operator:
+        purged = operator.execute("SELECT replaysafe.purge_actions(p_older_than => interval '30 days', "
+                                  "p_limit => 7)").fetchone()
+        operator.execute("SELECT pg_stat_force_next_flush()")
+    assert purged == (7,)
+    after = index_scans(world, tenant_idx), index_scans(world, global_idx)
+    assert after[0] > before[0] and after[1] == before[1], (before, after)
+    with psycopg.connect(world) as c:
+        counts = dict(c.execute("SELECT tenant_id = 'A', count(*) FROM replaysafe.actions "
+                                "GROUP BY 1").fetchall())
+    assert counts == {True: 100 - 7, False: OTHERS + 1}

@@ -68,3 +68,63 @@ BEGIN
     RETURN coalesce(v_count, 0);
 END
 $$;
+DROP INDEX replaysafe.actions_tenant_terminal_completed_idx;
+DROP INDEX replaysafe.actions_unknown_idx;
+CREATE INDEX actions_unknown_idx ON replaysafe.actions (updated_at)
+    WHERE state = 'unknown';
+CREATE OR REPLACE FUNCTION replaysafe.purge_actions(
+    p_older_than interval,
+    p_limit      integer     DEFAULT 10000,
+    p_now        timestamptz DEFAULT clock_timestamp())
+RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_count  integer;
+    v_tenant text;
+    v_all    boolean;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM replaysafe._caller_scope c WHERE c.owner_or_operator) THEN
+        -- EXECUTE is the operators'; a grant to another role by mistake must not open it.
+        PERFORM replaysafe._raise('RS004', 'access denied: settling, reopening and purging are '
+                                           'replaysafe_operator''s duty');
+    END IF;
+    IF p_older_than IS NULL OR p_older_than < interval '0' OR p_older_than > interval '1000 years' THEN
+        PERFORM replaysafe._invalid('p_older_than', 'must be a non-negative interval of at most 1000 years');
+    END IF;
+    IF p_limit IS NULL OR p_limit < 1 THEN
+        PERFORM replaysafe._invalid('p_limit', 'must be a positive integer');
+    END IF;
+    IF (p_now BETWEEN clock_timestamp() - interval '5 minutes' AND clock_timestamp()) IS NOT TRUE THEN
+        p_now := replaysafe._check_now(p_now);
+    END IF;
+    SELECT c.tenant_id, c.acts_for_all INTO v_tenant, v_all FROM replaysafe._caller_scope c;
+    IF v_tenant IS NULL AND NOT v_all THEN
+        RETURN 0;
+    END IF;
+
+    WITH victims AS (
+        SELECT x.tenant_id, x.action_key
+        FROM replaysafe.actions x
+        WHERE x.state IN ('succeeded', 'failed') AND x.completed_at < p_now - p_older_than
+          AND (v_tenant IS NULL OR x.tenant_id = v_tenant)
+        ORDER BY x.completed_at
+        LIMIT p_limit
+        FOR UPDATE SKIP LOCKED
+    ), gone_attempts AS (  -- data-modifying CTEs always run to completion
+        DELETE FROM replaysafe.action_attempts t
+        USING victims v
+        WHERE t.tenant_id = v.tenant_id AND t.action_key = v.action_key
+        RETURNING t.tenant_id
+    ), gone AS (
+        DELETE FROM replaysafe.actions x
+        USING victims v
+        WHERE x.tenant_id = v.tenant_id AND x.action_key = v.action_key
+        RETURNING x.tenant_id
+    )
+    SELECT count(*) INTO v_count FROM gone;
+    RETURN v_count;
+END
+$$;
