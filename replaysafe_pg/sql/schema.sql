@@ -361,6 +361,14 @@ DECLARE
     v_tenant text;
     v_role   text;
 BEGIN
+    -- Every collatable argument of a PL/pgSQL call shares the collation of the call's
+    -- arguments, and it wins over the columns' in every comparison in the function: a
+    -- caller's nondeterministic collation (a case-insensitive one in pg_temp, say) on any
+    -- argument made 'acme' equal 'ACME' here and in every key lookup after it.
+    IF pg_collation_for(p_tenant_id) IS DISTINCT FROM '"default"' THEN
+        PERFORM replaysafe._invalid('p_tenant_id', 'the arguments must not carry a COLLATE clause '
+                                    '(comparisons use the database''s collation)');
+    END IF;
     SELECT c.tenant_id, c.role_name INTO v_tenant, v_role FROM replaysafe._caller c;
     IF v_tenant = p_tenant_id THEN
         RETURN;

@@ -128,3 +128,31 @@ BEGIN
     RETURN v_count;
 END
 $$;
+CREATE OR REPLACE FUNCTION replaysafe._acts_for(p_tenant_id text)
+RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_tenant text;
+    v_role   text;
+BEGIN
+    SELECT c.tenant_id, c.role_name INTO v_tenant, v_role FROM replaysafe._caller c;
+    IF v_tenant = p_tenant_id THEN
+        RETURN;
+    END IF;
+    IF v_tenant IS NULL THEN
+        -- The schema owner itself, the common unbound caller, without _caller_scope's
+        -- membership walk (~40 us); in a security-restricted operation nobody is the owner.
+        IF to_regrole(quote_ident(v_role))::oid
+               = (SELECT n.nspowner FROM pg_namespace n WHERE n.nspname = 'replaysafe')
+           AND NOT replaysafe._in_restricted_operation() THEN
+            RETURN;
+        END IF;
+        IF EXISTS (SELECT 1 FROM replaysafe._caller_scope s WHERE s.acts_for_all) THEN
+            RETURN;
+        END IF;
+    END IF;
+    PERFORM replaysafe._raise('RS004', 'access denied: this role may not act for that tenant');
+END
+$$;

@@ -1,4 +1,8 @@
--- Revision 0004: what readers need.
+-- Revision 0004: what readers need, and a hole closed.
+-- * A COLLATE clause on any argument is refused (RS005): PL/pgSQL gives every collatable
+--   argument the call's collation, and a worker's own nondeterministic collation in pg_temp
+--   made its tenant id equal another's inside every function (complete another tenant's
+--   attempt with a forged result, read its threads).
 -- * The installed revision, readable by every replaysafe role: `doctor` and `migrate current`
 --   run as the least-privileged roles the docs recommend (a worker, an auditor), which hold
 --   no privilege on any table, the version table included.
@@ -190,6 +194,43 @@ BEGIN
     )
     SELECT count(*) INTO v_count FROM gone;
     RETURN v_count;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION replaysafe._acts_for(p_tenant_id text)
+RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_tenant text;
+    v_role   text;
+BEGIN
+    -- Every collatable argument of a PL/pgSQL call shares the collation of the call's
+    -- arguments, and it wins over the columns' in every comparison in the function: a
+    -- caller's nondeterministic collation (a case-insensitive one in pg_temp, say) on any
+    -- argument made 'acme' equal 'ACME' here and in every key lookup after it.
+    IF pg_collation_for(p_tenant_id) IS DISTINCT FROM '"default"' THEN
+        PERFORM replaysafe._invalid('p_tenant_id', 'the arguments must not carry a COLLATE clause '
+                                    '(comparisons use the database''s collation)');
+    END IF;
+    SELECT c.tenant_id, c.role_name INTO v_tenant, v_role FROM replaysafe._caller c;
+    IF v_tenant = p_tenant_id THEN
+        RETURN;
+    END IF;
+    IF v_tenant IS NULL THEN
+        -- The schema owner itself, the common unbound caller, without _caller_scope's
+        -- membership walk (~40 us); in a security-restricted operation nobody is the owner.
+        IF to_regrole(quote_ident(v_role))::oid
+               = (SELECT n.nspowner FROM pg_namespace n WHERE n.nspname = 'replaysafe')
+           AND NOT replaysafe._in_restricted_operation() THEN
+            RETURN;
+        END IF;
+        IF EXISTS (SELECT 1 FROM replaysafe._caller_scope s WHERE s.acts_for_all) THEN
+            RETURN;
+        END IF;
+    END IF;
+    PERFORM replaysafe._raise('RS004', 'access denied: this role may not act for that tenant');
 END
 $$;
 
