@@ -156,3 +156,28 @@ BEGIN
     PERFORM replaysafe._raise('RS004', 'access denied: this role may not act for that tenant');
 END
 $$;
+CREATE OR REPLACE VIEW replaysafe._reader AS
+SELECT r.tenant_id,
+       CASE WHEN r.tenant_id IS NOT NULL THEN false
+            -- A group role itself never reads every tenant: code a tenant made it own (after
+            -- SET ROLE) may run in anyone's session.
+            WHEN current_user IN ('replaysafe_worker', 'replaysafe_operator', 'replaysafe_auditor')
+                THEN false
+            ELSE pg_has_role(current_user, n.nspowner, 'USAGE')
+                 OR EXISTS (SELECT 1 FROM pg_roles a WHERE a.rolname = 'replaysafe_auditor'
+                            AND pg_has_role(current_user, a.oid, 'USAGE')) END AS reads_all
+FROM (SELECT coalesce(
+          (SELECT b.tenant_id FROM replaysafe.role_bindings b
+           WHERE b.role_oid = to_regrole(quote_ident(current_user))::oid),
+          -- The login's binding only when current_user is the session's own current role
+          -- (SET ROLE never widens): not for code of another owner running in this session
+          -- (an index expression analyzed here, a definer function).
+          (SELECT b.tenant_id FROM replaysafe.role_bindings b
+           WHERE b.role_oid = to_regrole(quote_ident(session_user))::oid
+             AND current_user::text = CASE WHEN current_setting('role') = 'none'
+                                           THEN session_user::text
+                                           ELSE current_setting('role') END))
+          AS tenant_id) r,
+     pg_namespace n
+WHERE n.nspname = 'replaysafe';
+
