@@ -43,7 +43,7 @@ class Heartbeater:
         self._conn: psycopg.Connection[Any] | None = None
 
     def start(self, ticket: Ticket) -> None:
-        due = time.monotonic() + ticket.interval
+        due = time.monotonic() + ticket.first_beat
         with self._cond:
             if self._closed:
                 return
@@ -154,7 +154,7 @@ class AsyncHeartbeats:
         task.add_done_callback(_consume)
 
     async def _beat(self, ticket: Ticket) -> None:
-        await asyncio.sleep(ticket.interval)
+        await asyncio.sleep(ticket.first_beat)
         query, params = ticket.heartbeat.query, ticket.heartbeat.params
         while True:
             try:

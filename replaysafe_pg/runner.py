@@ -379,19 +379,24 @@ class ToolTimedOut(Exception):
 class Ticket:
     """One running attempt. ``lease_lost`` is set when a heartbeat finds the lease gone."""
 
-    __slots__ = ("action_key", "attempt", "done", "heartbeat", "interval", "lease_end",
-                 "lease_lost", "lease_seconds", "recording")
+    __slots__ = ("action_key", "attempt", "done", "first_beat", "heartbeat", "interval",
+                 "lease_end", "lease_lost", "lease_seconds", "recording")
 
     def __init__(self, action_key: str, attempt: int, heartbeat: Statement[datetime],
-                 lease_seconds: float) -> None:
+                 lease_seconds: float, left: float | None = None) -> None:
         self.action_key = action_key
         self.attempt = attempt
         self.heartbeat = heartbeat
         self.lease_seconds = lease_seconds
         self.interval = lease_seconds / 3
-        # When the lease ends at the latest as far as we know (time.monotonic()): from the
-        # claim, moved on by every heartbeat that was answered. Records are retried until then.
+        # Until when records are retried (time.monotonic()): the lease from the claim, moved
+        # on by every heartbeat that was answered. Later than the true end at worst, and a
+        # record that lands late still settles the action ("late").
         self.lease_end = time.monotonic() + lease_seconds
+        # A claim answered again by its token (after a lost answer) holds a lease that began
+        # earlier: the first heartbeat comes before the lease's remaining half is gone.
+        left = lease_seconds if left is None else max(0.0, min(left, lease_seconds))
+        self.first_beat = min(self.interval, left / 2)
         self.done = False
         # While the outcome is being written a lost lease is reported by the write itself.
         self.recording = False
@@ -408,8 +413,13 @@ class Ticket:
 
 
 def heartbeat_ticket(calls: Calls, plan: Plan, claim: Claim) -> Ticket:
+    left = None
+    if claim.lease_expires_at is not None:
+        # The server's clock against ours: skew only moves the first heartbeat earlier (a
+        # lease longer than asked is not believed).
+        left = (claim.lease_expires_at - datetime.now(UTC)).total_seconds()
     return Ticket(plan.key, claim.attempt, calls.heartbeat(plan.key, claim.attempt, plan.lease, None),
-                  plan.lease_seconds)
+                  plan.lease_seconds, left)
 
 
 # --- the steps ---------------------------------------------------------------------------

@@ -148,8 +148,16 @@ class Tally:
     answers: dict[str, list[Any]] = field(default_factory=lambda: collections.defaultdict(list))
     statuses: collections.Counter[str] = field(default_factory=collections.Counter)
     errors: collections.Counter[str] = field(default_factory=collections.Counter)
-    latencies: list[tuple[float, float]] = field(default_factory=list)  # (finished at, seconds)
+    # (finished at, seconds, status or error class) per call
+    events: list[tuple[float, float, str]] = field(default_factory=list)
+    first_call: dict[str, float] = field(default_factory=dict)
     calls: int = 0
+
+    def calling(self, key: str) -> float:
+        now = time.monotonic()
+        with self.lock:
+            self.first_call.setdefault(key, now)
+        return now
 
     def executed(self, key: str) -> dict[str, str]:
         nonce = uuid.uuid4().hex
@@ -162,7 +170,7 @@ class Tally:
         with self.lock:
             self.calls += 1
             self.statuses[status] += 1
-            self.latencies.append((now, now - started))
+            self.events.append((now, now - started, status))
             if status == "succeeded":
                 self.answers[key].append(result)
 
@@ -170,8 +178,9 @@ class Tally:
         now = time.monotonic()
         with self.lock:
             self.calls += 1
-            self.errors[type(exc).__module__.split(".")[0] + "." + type(exc).__name__] += 1
-            self.latencies.append((now, now - started))
+            name = error_name(exc)
+            self.errors[name] += 1
+            self.events.append((now, now - started, name))
 
 
 @dataclass
@@ -218,6 +227,31 @@ def wait_until_reachable(dsn: str, timeout: float = 60) -> None:
             time.sleep(0.1)
 
 
+def error_name(exc: BaseException) -> str:
+    return type(exc).__module__.split(".")[0] + "." + type(exc).__name__
+
+
+def compare(stored: dict[str, tuple[str, Any]], tally: Tally,
+            keys: list[str]) -> tuple[int, int]:
+    """(changed, lost) over ``keys``: answers that differ from the stored result, answers of
+    ``succeeded`` the ledger does not hold, stored results no execution returned."""
+    changed = lost = 0
+    for key in keys:
+        state, result = stored.get(key, (None, None))
+        with tally.lock:
+            answers = list(tally.answers.get(key, []))
+            executions = list(tally.executions.get(key, []))
+        for answer in answers:
+            if state != "succeeded":
+                lost += 1
+            elif answer != result:
+                changed += 1
+        if state == "succeeded" and isinstance(result, dict) and \
+                result.get("nonce") not in executions:
+            changed += 1  # the ledger holds a result no execution returned
+    return changed, lost
+
+
 def audit(dsn: str, tenant: str, tally: Tally, lease: float) -> Report:
     """Read the ledger as its owner after the storm: wait out the longest lease, sweep, and
     count (see the module's docstring)."""
@@ -238,18 +272,7 @@ def audit(dsn: str, tenant: str, tally: Tally, lease: float) -> Report:
                          "WHERE tenant_id = %s", (tenant,)).fetchall()
     states = collections.Counter(state for _, state, _ in rows)
     stored = {key: (state, result) for key, state, result in rows}
-    changed = lost = 0
-    for key, answers in tally.answers.items():
-        state, result = stored.get(key, (None, None))
-        for answer in answers:
-            if state != "succeeded":
-                lost += 1
-            elif answer != result:
-                changed += 1
-    for key, (state, result) in stored.items():
-        if state == "succeeded" and result is not None and result.get("nonce") not in \
-                tally.executions.get(key, []):
-            changed += 1  # the ledger holds a result no execution returned
+    changed, lost = compare(stored, tally, list(tally.answers))
     raw = sum(n for name, n in tally.errors.items() if name.startswith("psycopg."))
     return Report(
         actions=len(rows), states=dict(states),
@@ -280,7 +303,8 @@ class Keys:
 
 def ledger_storm(dsn: str, tally: Tally, stop: threading.Event, *, workers: int = 8,
                  tenant: str = "t", lease: float = 5.0, keys: Keys | None = None,
-                 tool_seconds: tuple[float, float] = (0.005, 0.03)) -> list[threading.Thread]:
+                 tool_seconds: tuple[float, float] = (0.005, 0.03),
+                 pause: tuple[float, float] = (0.0, 0.0)) -> list[threading.Thread]:
     """``workers`` threads, each with a Ledger of its own from ``dsn``, calling ``run`` on a
     moving window of keys until ``stop``."""
     keys = keys or Keys("k")
@@ -294,7 +318,7 @@ def ledger_storm(dsn: str, tally: Tally, stop: threading.Event, *, workers: int 
                     time.sleep(random.uniform(*tool_seconds))
                     return tally.executed(key)
 
-                started = time.monotonic()
+                started = tally.calling(key)
                 try:
                     ex = led.run("op", tool, {"k": key}, key=key, lease=lease,
                                  wait_timeout=lease * 2)
@@ -303,6 +327,7 @@ def ledger_storm(dsn: str, tally: Tally, stop: threading.Event, *, workers: int 
                     time.sleep(0.01)
                     continue
                 tally.answered(key, str(ex.status), ex.result, started)
+                time.sleep(random.uniform(*pause))
 
     threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(workers)]
     for t in threads:
@@ -312,7 +337,8 @@ def ledger_storm(dsn: str, tally: Tally, stop: threading.Event, *, workers: int 
 
 def async_ledger_storm(dsn: str, tally: Tally, stop: threading.Event, *, tasks: int = 8,
                        tenant: str = "ta", lease: float = 5.0,
-                       keys: Keys | None = None) -> threading.Thread:
+                       keys: Keys | None = None,
+                       pause: tuple[float, float] = (0.0, 0.0)) -> threading.Thread:
     """``tasks`` asyncio tasks on one event loop (in a thread), one AsyncLedger each."""
     keys = keys or Keys("a")
 
@@ -325,7 +351,7 @@ def async_ledger_storm(dsn: str, tally: Tally, stop: threading.Event, *, tasks: 
                     await asyncio.sleep(random.uniform(0.005, 0.03))
                     return tally.executed(key)
 
-                started = time.monotonic()
+                started = tally.calling(key)
                 try:
                     ex = await led.run("op", tool, {"k": key}, key=key, lease=lease,
                                        wait_timeout=lease * 2)
@@ -334,6 +360,7 @@ def async_ledger_storm(dsn: str, tally: Tally, stop: threading.Event, *, tasks: 
                     await asyncio.sleep(0.01)
                     continue
                 tally.answered(key, str(ex.status), ex.result, started)
+                await asyncio.sleep(random.uniform(*pause))
 
     async def main() -> None:
         await asyncio.gather(*(one(i) for i in range(tasks)))
@@ -352,11 +379,18 @@ class ThreadTally:
     stale: int = 0
     writes: int = 0
     errors: collections.Counter[str] = field(default_factory=collections.Counter)
+    events: list[tuple[float, float, str]] = field(default_factory=list)
+
+    def event(self, started: float, what: str) -> None:
+        now = time.monotonic()
+        with self.lock:
+            self.events.append((now, now - started, what))
 
 
 def threads_storm(dsn: str, tally: ThreadTally, stop: threading.Event, *, writers: int = 4,
                   threads: int = 3, tenant: str = "th",
-                  thread_prefix: Callable[[], str] = lambda: "thread") -> list[threading.Thread]:
+                  thread_prefix: Callable[[], str] = lambda: "thread",
+                  pause: tuple[float, float] = (0.0, 0.0)) -> list[threading.Thread]:
     """Writers appending an op id to one of a few threads with read + CAS write: each
     version's state holds every op written to the thread so far."""
 
@@ -370,6 +404,7 @@ def threads_storm(dsn: str, tally: ThreadTally, stop: threading.Event, *, writer
                 with tally.lock:
                     tally.thread_ids.add(thread_id)
                     tally.writes += 1
+                started = time.monotonic()
                 try:
                     current = th.read(thread_id)
                     ops = list((current.state or {}).get("ops", []))
@@ -377,16 +412,19 @@ def threads_storm(dsn: str, tally: ThreadTally, stop: threading.Event, *, writer
                 except StaleStateError:
                     with tally.lock:
                         tally.stale += 1
+                    tally.event(started, "stale")
                     continue
                 except Exception as exc:
                     with tally.lock:
                         tally.maybe.add(op)
-                        tally.errors[type(exc).__module__.split(".")[0] + "." +
-                                     type(exc).__name__] += 1
+                        tally.errors[error_name(exc)] += 1
+                    tally.event(started, error_name(exc))
                     time.sleep(0.01)
                     continue
                 with tally.lock:
                     tally.acked.add(op)
+                tally.event(started, "acked")
+                time.sleep(random.uniform(*pause))
 
     out = [threading.Thread(target=writer, args=(i,), daemon=True) for i in range(writers)]
     for t in out:
