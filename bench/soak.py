@@ -109,6 +109,7 @@ def minute_lines(events: list[tuple[float, float, str]], t0: float, minutes: int
         lat = [e[1] * 1000 for e in ev if e[2] in ("succeeded", "acked")]
         out.append({"minute": m + 1, "calls": len(ev), "ends": dict(ends),
                     "p50_ms": round(percentile(lat, 50), 1), "p99_ms": round(percentile(lat, 99), 1),
+                    "max_ms": round(max(lat, default=float("nan")), 1),
                     "faults": dict(faults.get(m, {}))})
     return out
 
@@ -246,8 +247,8 @@ def main() -> None:
         }
         for line in summary["per_minute_run"]:
             print(f"run     min {line['minute']:>2}: {line['calls']:>5} calls, "
-                  f"p50 {line['p50_ms']} ms, p99 {line['p99_ms']} ms, ends {line['ends']}, "
-                  f"faults {line['faults']}")
+                  f"p50 {line['p50_ms']} ms, p99 {line['p99_ms']} ms, max {line['max_ms']} ms, "
+                  f"ends {line['ends']}, faults {line['faults']}")
         for line in summary["per_minute_threads"]:
             print(f"threads min {line['minute']:>2}: {line['calls']:>5} writes, "
                   f"p50 {line['p50_ms']} ms, p99 {line['p99_ms']} ms, ends {line['ends']}")
