@@ -270,8 +270,11 @@ BEGIN
         EXECUTE pg_catalog.format('REVOKE ALL ON %s FROM %s', r.v,
             CASE WHEN r.grantee = 0 THEN 'PUBLIC' ELSE r.grantee::pg_catalog.regrole::text END);
     END LOOP;
-    FOR r IN SELECT rolname FROM pg_catalog.pg_roles
-             WHERE rolname IN ('replaysafe_worker', 'replaysafe_auditor', 'replaysafe_operator') LOOP
+    -- In schema.sql's order: an ACL keeps the order of its grants, and the dumps compare it.
+    FOR r IN SELECT u.rolname FROM pg_catalog.unnest(ARRAY['replaysafe_worker',
+                 'replaysafe_auditor', 'replaysafe_operator']) WITH ORDINALITY AS u(rolname, n)
+             WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_roles g WHERE g.rolname = u.rolname)
+             ORDER BY u.n LOOP
         EXECUTE pg_catalog.format(
             'GRANT SELECT ON replaysafe.actions_v, replaysafe.unresolved_actions TO %I', r.rolname);
     END LOOP;
