@@ -216,3 +216,22 @@ def test_a_given_connection_is_not_replaced(proxy: Proxy) -> None:
         with pytest.raises(DatabaseUnavailable):
             led.run("op", Tool(), {"n": 1}, key="k")
     conn.close()
+
+
+def test_a_claim_cancelled_by_statement_timeout_is_sent_again(dsn: str) -> None:
+    """A claim that waits for a row lock longer than the session's statement_timeout is
+    cancelled (57014); run sends it again, and claims once the lock is gone."""
+    low = psycopg.conninfo.make_conninfo(dsn, options="-c statement_timeout=100")
+    tool = Tool()
+    with Ledger(low, tenant_id="t1", worker_id="w") as led:
+        first = led.claim("k", "op", {"n": 1})
+        led.fail("k", first.attempt, {"why": "flaky"}, retryable=True)
+        with psycopg.connect(dsn) as locker:  # holds the action's row lock for 0.6 s
+            locker.execute("SELECT 1 FROM replaysafe.actions WHERE action_key = 'k' FOR UPDATE")
+            released = threading.Timer(0.6, locker.commit)
+            released.start()
+            started = time.monotonic()
+            execution = led.run("op", tool, {"n": 1}, key="k")
+            released.join()
+        assert time.monotonic() - started >= 0.5
+        assert (execution.status, execution.attempt, tool.calls) == ("succeeded", 2, 1)
