@@ -158,3 +158,11 @@ def test_claim_actions_refuses_a_token_array_of_another_length(worker_a: Conn,
     assert sqlstate(worker_a, CLAIM_MANY, (["a", "b"], ["refund"] * 2, ["{}"] * 2,
                                            tokens)) == "RS005"
     assert worker_a.execute("SELECT count(*) FROM replaysafe.actions_v").fetchone() == (0,)
+
+
+def test_a_collate_clause_on_the_token_is_refused(worker_a: Conn) -> None:
+    """A caller's own collation would decide which tokens are equal (tests/sql/test_collation.py)."""
+    assert claim(worker_a, "k", "tok-1")[0] == "claimed"
+    assert sqlstate(worker_a, "SELECT replaysafe.claim_action(p_tenant_id => 'A', "
+                    "p_action_key => 'k', p_operation => 'refund', p_request => '{}', "
+                    "p_worker_id => 'w1', p_claim_token => 'TOK-1' COLLATE \"C\")") == "RS005"
