@@ -5,6 +5,7 @@ from typing import TYPE_CHECKING, Any
 from replaysafe_pg.errors import (
     AccessDenied,
     ActionNotSucceeded,
+    DatabaseUnavailable,
     FingerprintConflict,
     InvalidArgument,
     InvalidTransition,
@@ -38,6 +39,7 @@ __all__ = [
     "Call",
     "Claim",
     "ClaimOutcome",
+    "DatabaseUnavailable",
     "Execution",
     "ExecutionStatus",
     "FingerprintConflict",

@@ -16,18 +16,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import select
 import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, LiteralString, TypeAlias
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from psycopg.pq import ExecStatus, TransactionStatus
+from psycopg.pq import ConnStatus, ExecStatus, TransactionStatus
 from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from replaysafe_pg._dsn import to_conninfo
-from replaysafe_pg.errors import InvalidArgument, wrap_errors
+from replaysafe_pg.errors import DatabaseUnavailable, InvalidArgument, wrap_errors
 
 Conninfo: TypeAlias = "str | psycopg.Connection[Any] | ConnectionPool[Any]"
 AsyncConninfo: TypeAlias = "str | psycopg.AsyncConnection[Any] | AsyncConnectionPool[Any]"
@@ -35,8 +36,40 @@ AsyncConninfo: TypeAlias = "str | psycopg.AsyncConnection[Any] | AsyncConnection
 log = logging.getLogger("replaysafe_pg")
 
 
-def _usable(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any] | None) -> bool:
-    return conn is not None and not conn.closed and not conn.broken
+def _usable(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    return not conn.closed and not conn.broken and not dropped(conn)
+
+
+# A pool may hold several connections the server closed while they were idle.
+_POOL_TRIES = 4
+
+
+def dropped(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    """Did the server (or the network) close this idle connection: a terminated backend, a
+    restart, a cut? Nothing is sent: one poll of the socket. An idle connection has nothing
+    to read unless the server said goodbye (its FATAL message, then end of file), so a
+    statement sent on it would fail although the server never saw it. A connection inside a
+    transaction or busy is never judged here."""
+    if conn.closed or conn.broken:
+        return True
+    if conn.info.transaction_status != TransactionStatus.IDLE:
+        return False
+    pgconn = conn.pgconn
+    # The goodbye may take two reads: the server's FATAL message, then the end of file.
+    for _ in range(3):
+        try:
+            readable, _, _ = select.select([pgconn.socket], [], [], 0)
+        except (OSError, ValueError, psycopg.OperationalError):
+            return True
+        if not readable:
+            return False
+        try:
+            pgconn.consume_input()
+        except psycopg.OperationalError:
+            return True
+        if pgconn.status == ConnStatus.BAD:
+            return True
+    return False
 
 
 # Every connection the package opens itself resolves names in pg_catalog first: on a
@@ -141,10 +174,11 @@ class SyncSource:
     def connect(self) -> psycopg.Connection[Any]:
         """A new autocommit connection of our own: from the DSN, or, given a connection, to
         the same database as that one."""
-        if self.dsn is not None:
-            return psycopg.connect(pinned(self.dsn), autocommit=True)
-        assert self._given is not None
-        return psycopg.connect(pinned(_full_conninfo(self._given)), autocommit=True)
+        with wrap_errors():  # a refused connection is DatabaseUnavailable
+            if self.dsn is not None:
+                return psycopg.connect(pinned(self.dsn), autocommit=True)
+            assert self._given is not None
+            return psycopg.connect(pinned(_full_conninfo(self._given)), autocommit=True)
 
     def outlives(self, conn: psycopg.Connection[Any]) -> bool:
         """Is ``conn`` (from :meth:`dedicated`) used again afterwards: pooled, or the given
@@ -159,13 +193,13 @@ class SyncSource:
             with self.connect() as conn:
                 yield conn
         elif self._pool is not None:
-            with self._pool.connection() as conn:
+            with self._pooled() as conn:
                 yield conn
         else:
             assert self._given is not None
             try:
                 second = self.connect()
-            except psycopg.OperationalError as exc:
+            except DatabaseUnavailable as exc:
                 log.warning("replaysafe_pg: cannot open a second connection (%s); waits and "
                             "heartbeats share the given one and may delay each other", exc)
                 yield self._given
@@ -174,20 +208,35 @@ class SyncSource:
                 yield second
 
     @contextlib.contextmanager
+    def _pooled(self) -> Iterator[psycopg.Connection[Any]]:
+        """A connection from the pool that the server has not closed while it sat idle
+        there (closed, it goes back to the pool, which replaces it)."""
+        assert self._pool is not None
+        for _ in range(_POOL_TRIES):
+            with self._pool.connection() as conn:
+                if not dropped(conn):
+                    yield conn
+                    return
+                conn.close()
+        with self._pool.connection() as conn:
+            yield conn
+
+    @contextlib.contextmanager
     def connection(self) -> Iterator[psycopg.Connection[Any]]:
         if self._pool is not None:
-            with self._pool.connection() as conn:
+            with self._pooled() as conn:
                 yield conn
             return
         if self._given is not None:
             yield self._given
             return
         with self._lock:
-            if not _usable(self._own):
-                self._own = self.connect()
-            conn = self._own
-        assert conn is not None
-        yield conn
+            own = self._own
+            if own is None or not _usable(own):
+                if own is not None:
+                    own.close()  # the server closed it while idle: reconnect, never raise
+                own = self._own = self.connect()
+        yield own
 
     def execute(self, query: LiteralString, params: dict[str, Any], *,
                 alone: bool = False) -> list[tuple[Any, ...]]:
@@ -224,11 +273,12 @@ class AsyncSource:
 
     async def connect(self) -> psycopg.AsyncConnection[Any]:
         """See :meth:`SyncSource.connect`."""
-        if self.dsn is not None:
-            return await psycopg.AsyncConnection.connect(pinned(self.dsn), autocommit=True)
-        assert self._given is not None
-        return await psycopg.AsyncConnection.connect(pinned(_full_conninfo(self._given)),
-                                                     autocommit=True)
+        with wrap_errors():
+            if self.dsn is not None:
+                return await psycopg.AsyncConnection.connect(pinned(self.dsn), autocommit=True)
+            assert self._given is not None
+            return await psycopg.AsyncConnection.connect(pinned(_full_conninfo(self._given)),
+                                                         autocommit=True)
 
     def outlives(self, conn: psycopg.AsyncConnection[Any]) -> bool:
         """See :meth:`SyncSource.outlives`."""
@@ -241,13 +291,13 @@ class AsyncSource:
             async with await self.connect() as conn:
                 yield conn
         elif self._pool is not None:
-            async with self._pool.connection() as conn:
+            async with self._pooled() as conn:
                 yield conn
         else:
             assert self._given is not None
             try:
                 second = await self.connect()
-            except psycopg.OperationalError as exc:
+            except DatabaseUnavailable as exc:
                 log.warning("replaysafe_pg: cannot open a second connection (%s); waits and "
                             "heartbeats share the given one and may delay each other", exc)
                 yield self._given
@@ -256,9 +306,22 @@ class AsyncSource:
                 yield second
 
     @contextlib.asynccontextmanager
+    async def _pooled(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """See :meth:`SyncSource._pooled`."""
+        assert self._pool is not None
+        for _ in range(_POOL_TRIES):
+            async with self._pool.connection() as conn:
+                if not dropped(conn):
+                    yield conn
+                    return
+                await conn.close()
+        async with self._pool.connection() as conn:
+            yield conn
+
+    @contextlib.asynccontextmanager
     async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
         if self._pool is not None:
-            async with self._pool.connection() as conn:
+            async with self._pooled() as conn:
                 yield conn
             return
         if self._given is not None:
@@ -267,11 +330,12 @@ class AsyncSource:
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:
-            if not _usable(self._own):
-                self._own = await self.connect()
-            conn = self._own
-        assert conn is not None
-        yield conn
+            own = self._own
+            if own is None or not _usable(own):
+                if own is not None:
+                    await own.close()
+                own = self._own = await self.connect()
+        yield own
 
     async def execute(self, query: LiteralString, params: dict[str, Any], *,
                       alone: bool = False) -> list[tuple[Any, ...]]:

@@ -21,7 +21,7 @@ from typing import Any
 
 import psycopg
 
-from replaysafe_pg._conn import AsyncSource, SyncSource, aexecute_on, execute_on
+from replaysafe_pg._conn import AsyncSource, SyncSource, aexecute_on, dropped, execute_on
 from replaysafe_pg.calls import Statement
 from replaysafe_pg.errors import LeaseLost
 from replaysafe_pg.runner import RETRY_ERRORS, Ticket, lease_lost_warning
@@ -43,7 +43,7 @@ class Heartbeater:
         self._conn: psycopg.Connection[Any] | None = None
 
     def start(self, ticket: Ticket) -> None:
-        due = time.monotonic() + ticket.interval
+        due = time.monotonic() + ticket.first_beat
         with self._cond:
             if self._closed:
                 return
@@ -106,14 +106,18 @@ class Heartbeater:
             return
         # Our own autocommit connection, also when the ledger was given one: a heartbeat
         # must commit at once, never wait in (or join) the caller's transaction.
-        if self._conn is None or self._conn.closed or self._conn.broken:
+        if self._conn is None or dropped(self._conn):
+            if self._conn is not None:
+                self._conn.close()
             self._conn = self._source.connect()
         execute_on(self._conn, query, params)
 
     def _beat(self, ticket: Ticket) -> float | None:
         """Heartbeat once; seconds until the next one, or None to stop."""
+        sent_at = time.monotonic()
         try:
             self._execute(ticket.heartbeat)
+            ticket.extended(sent_at)
         except LeaseLost:
             ticket.lease_lost = True
             if not ticket.recording and not ticket.done:
@@ -124,7 +128,7 @@ class Heartbeater:
                         ticket.action_key, ticket.attempt, exc)
             if self._conn is not None and (self._conn.closed or self._conn.broken):
                 self._conn = None
-            return ticket.interval / 2
+            return ticket.retry_delay
         except Exception:
             log.exception("heartbeat for action %r (attempt %d) failed", ticket.action_key,
                           ticket.attempt)
@@ -150,13 +154,15 @@ class AsyncHeartbeats:
         task.add_done_callback(_consume)
 
     async def _beat(self, ticket: Ticket) -> None:
-        await asyncio.sleep(ticket.interval)
+        await asyncio.sleep(ticket.first_beat)
         query, params = ticket.heartbeat.query, ticket.heartbeat.params
         while True:
             try:
                 async with self._source.dedicated() as conn:
                     while True:
+                        sent_at = time.monotonic()
                         await aexecute_on(conn, query, params)
+                        ticket.extended(sent_at)
                         await asyncio.sleep(ticket.interval)
             except LeaseLost:
                 ticket.lease_lost = True
@@ -166,7 +172,7 @@ class AsyncHeartbeats:
             except RETRY_ERRORS as exc:
                 log.warning("heartbeat for action %r (attempt %d) failed, retrying: %s",
                             ticket.action_key, ticket.attempt, exc)
-                await asyncio.sleep(ticket.interval / 2)
+                await asyncio.sleep(ticket.retry_delay)
             except Exception:
                 # As the sync heartbeat does: never die silently while the tool still runs.
                 log.exception("heartbeat for action %r (attempt %d) failed", ticket.action_key,

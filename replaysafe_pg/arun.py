@@ -9,16 +9,17 @@ Records are shielded: a cancellation arriving while the outcome is written does 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 from replaysafe_pg import _tracing, runner
 from replaysafe_pg._conn import AsyncSource, aexecute_on
 from replaysafe_pg._heartbeat import AsyncHeartbeats
 from replaysafe_pg.calls import LISTEN, UNLISTEN, Calls, Statement
-from replaysafe_pg.errors import wrap_errors
+from replaysafe_pg.errors import unavailable, wrap_errors
 from replaysafe_pg.execution import Execution
 from replaysafe_pg.models import Claim, ClaimOutcome
 from replaysafe_pg.runner import Plan, Steps
@@ -43,6 +44,45 @@ async def _send_on(conn: Any, statement: Statement[T], alone: bool = False) -> T
                                               alone=alone))
 
 
+@contextlib.contextmanager
+def _no_raw_errors() -> Iterator[None]:
+    """See :func:`replaysafe_pg.run._no_raw_errors`."""
+    try:
+        yield
+    except runner.RAW_ERRORS as exc:
+        raise unavailable(exc) from exc
+
+
+class _Listener:
+    """See :class:`replaysafe_pg.run._Listener`."""
+
+    def __init__(self, source: AsyncSource) -> None:
+        self._source = source
+        self._stack: contextlib.AsyncExitStack | None = None
+        self.conn: Any = None
+
+    async def open(self) -> None:
+        await self.close()
+        stack = contextlib.AsyncExitStack()
+        try:
+            with wrap_errors():
+                conn = await stack.enter_async_context(self._source.dedicated())
+            await _send_on(conn, LISTEN)
+        except BaseException:
+            await stack.aclose()
+            raise
+        self._stack, self.conn = stack, conn
+
+    async def close(self) -> None:
+        stack, conn, self._stack, self.conn = self._stack, self.conn, None, None
+        if stack is None:
+            return
+        async with stack:
+            with contextlib.suppress(*runner.RETRY_ERRORS):
+                if self._source.outlives(conn) and not conn.closed and not conn.broken:
+                    await _send_on(conn, UNLISTEN)
+
+
 class Runner:
     """Claims, runs and records for an ``AsyncLedger``."""
 
@@ -55,15 +95,23 @@ class Runner:
         return statement.decode(await self._source.execute(statement.query, statement.params,
                                                            alone=alone))
 
+    async def _claim(self, statement: Statement[T], plan: Plan) -> T:
+        return await drive(runner.claim_within_lease(statement, plan.lease_seconds,
+                                                     self._source.can_reconnect), self._perform)
+
     async def run(self, plan: Plan) -> Execution:
-        with _tracing.span(plan.operation) as span:
-            claim = await self._send(plan.claim, alone=True)
+        with _tracing.span(plan.operation) as span, _no_raw_errors():
+            claim = await self._claim(plan.claim, plan)
             return runner.traced(span, await self._resolve(plan, claim))
 
     async def run_many(self, plans: list[Plan]) -> list[Execution]:
         if not plans:
             return []
-        claims = await self._send(runner.claim_many(self._calls, plans), alone=True)
+        with _no_raw_errors():
+            return await self._run_many(plans)
+
+    async def _run_many(self, plans: list[Plan]) -> list[Execution]:
+        claims = await self._claim(runner.claim_many(self._calls, plans), plans[0])
         out, work = runner.to_run(plans, claims)
         done = await asyncio.gather(*(self._resolve_traced(plans[i], claims[i]) for i in work),
                                     return_exceptions=True)
@@ -90,33 +138,35 @@ class Runner:
 
     async def _wait(self, plan: Plan, claim: Claim) -> Claim:
         deadline = time.monotonic() + plan.wait_timeout
-        source = self._source
-        async with source.dedicated() as conn:
-            await _send_on(conn, LISTEN)
-            try:
-                return await drive(runner.wait(plan, claim, deadline),
-                                   lambda effect: self._perform(effect, conn))
-            finally:
-                if source.outlives(conn) and not conn.closed and not conn.broken:
-                    await _send_on(conn, UNLISTEN)
+        listener = _Listener(self._source)
+        try:
+            return await drive(runner.wait(plan, claim, deadline, self._source.can_reconnect),
+                               lambda effect: self._perform(effect, listener))
+        finally:
+            await listener.close()
 
-    async def _perform(self, effect: runner.Effect, conn: Any = None) -> Any:
+    async def _perform(self, effect: runner.Effect, listener: _Listener | None = None) -> Any:
         match effect:
             case runner.Send(statement, alone):
-                if conn is not None:
-                    return await _send_on(conn, statement, alone)
+                if listener is not None:
+                    return await _send_on(listener.conn, statement, alone)
                 return await self._send(statement, alone)
+            case runner.Listen():
+                assert listener is not None
+                await listener.open()
+                return None
             case runner.Sleep(seconds):
                 await asyncio.sleep(seconds)
                 return None
             case runner.RunTool(plan, kwargs):
                 return await _call_within(plan, kwargs)
-            case runner.Record(report, pending):
-                steps = runner.record(self._calls, report, pending,
-                                              self._source.can_reconnect)
+            case runner.Record(report, pending, ticket):
+                steps = runner.record(self._calls, report, pending, ticket,
+                                      self._source.can_reconnect)
                 return await asyncio.shield(drive(steps, self._perform))
             case runner.Notified(key, seconds):
-                return await _await_notify(conn, key, seconds)
+                assert listener is not None
+                return await _await_notify(listener.conn, key, seconds)
         raise AssertionError(effect)
 
 

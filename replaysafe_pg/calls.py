@@ -146,22 +146,29 @@ class Calls:
 
     def claim(self, action_key: str, operation: str, request: dict[str, Any] | Encoded,
               lease: Lease, thread_id: str | None, on_expired: str,
-              now: datetime | None) -> Statement[Claim]:
+              now: datetime | None, claim_token: str | None = None) -> Statement[Claim]:
         return Statement("claim_action", self._key(action_key) | {
             "operation": _args.text_id(operation, "operation"),
             "request": _json_object(request, "request"),
+            "claim_token": _args.optional_id(claim_token, "claim_token"),
         } | self._claim_options(lease, thread_id, on_expired, now), _claim)
 
     def claim_many(self, calls: Sequence[tuple[str, str, dict[str, Any] | Encoded]], lease: Lease,
                    thread_id: str | None, on_expired: str,
-                   now: datetime | None) -> Statement[list[Claim]]:
+                   now: datetime | None,
+                   claim_tokens: Sequence[str | None] | None = None) -> Statement[list[Claim]]:
         if not all(isinstance(c, tuple | list) and len(c) == 3 for c in calls):
             raise InvalidArgument("claim_many takes (action_key, operation, request) tuples")
+        if claim_tokens is not None and (isinstance(claim_tokens, str)
+                                         or len(claim_tokens) != len(calls)):
+            raise InvalidArgument("claim_tokens must hold one token (or None) per call")
         return Statement("claim_actions", {
             "tenant_id": self.tenant_id,
             "action_keys": [_args.text_id(key, "action_key") for key, _, _ in calls],
             "operations": [_args.text_id(op, "operation") for _, op, _ in calls],
             "requests": [_json_object(req, "request") for _, _, req in calls],
+            "claim_tokens": None if claim_tokens is None else [
+                _args.optional_id(t, "claim_token") for t in claim_tokens],
         } | self._claim_options(lease, thread_id, on_expired, now), _claims)
 
     def heartbeat(self, action_key: str, attempt: int, lease: Lease,

@@ -72,6 +72,17 @@ class InvalidTransition(ReplaysafeError):
     sqlstate = "RS006"
 
 
+class DatabaseUnavailable(ReplaysafeError):
+    """The database did not answer: the connection failed or broke (server restart, a
+    terminated backend, a network cut), a statement was cancelled (``statement_timeout``), or
+    a pool had no connection to lend. The driver's error is chained (``__cause__``).
+
+    ``Ledger.run`` rides such errors out for as long as the lease it asked for; this is what
+    reaches its caller when it could not. A statement that raised it may or may not have
+    committed (the answer can be lost after the commit): see docs/errors.md.
+    """
+
+
 class SchemaNotInstalled(ReplaysafeError):
     """The database has no (or an outdated) replaysafe schema: run ``replaysafe-pg migrate``."""
 
@@ -119,9 +130,17 @@ def wrap_errors() -> Iterator[None]:
         yield
     except pg_errors.Error as exc:
         domain = translate(exc)
-        if domain is None:
-            raise
-        raise domain from exc
+        if domain is not None:
+            raise domain from exc
+        if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+            raise unavailable(exc) from exc
+        raise
+
+
+def unavailable(exc: BaseException) -> DatabaseUnavailable:
+    """The :class:`DatabaseUnavailable` for a driver's connection error (chain it)."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return DatabaseUnavailable(f"database unavailable: {first}")
 
 
 # --- Errors of Ledger.run (client side: no SQLSTATE of their own) ----------------------

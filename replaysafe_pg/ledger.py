@@ -144,17 +144,21 @@ class Ledger(_LedgerBase):
 
     def claim(self, action_key: str, operation: str, request: dict[str, Any], *,
               lease: Lease = DEFAULT_LEASE, thread_id: str | None = None,
-              on_expired: str = "unknown", now: datetime | None = None) -> Claim:
-        """``claim_action``: create or find the action; see :class:`Claim`."""
+              on_expired: str = "unknown", now: datetime | None = None,
+              claim_token: str | None = None) -> Claim:
+        """``claim_action``: create or find the action; see :class:`Claim`. A
+        ``claim_token`` (unique per call) lets a claim whose answer was lost be asked again."""
         return self._send(self._calls.claim(action_key, operation, request, lease, thread_id,
-                                            on_expired, now))
+                                            on_expired, now, claim_token))
 
     def claim_many(self, calls: list[tuple[str, str, dict[str, Any]]], *,
                    lease: Lease = DEFAULT_LEASE, thread_id: str | None = None,
-                   on_expired: str = "unknown", now: datetime | None = None) -> list[Claim]:
+                   on_expired: str = "unknown", now: datetime | None = None,
+                   claim_tokens: Sequence[str | None] | None = None) -> list[Claim]:
         """``claim_actions``: claim ``(action_key, operation, request)`` calls in one round trip;
-        answers in input order."""
-        return self._send(self._calls.claim_many(calls, lease, thread_id, on_expired, now))
+        answers in input order. ``claim_tokens``: one per call, as ``claim_token``."""
+        return self._send(self._calls.claim_many(calls, lease, thread_id, on_expired, now,
+                                                 claim_tokens))
 
     def heartbeat(self, action_key: str, attempt: int, *, lease: Lease = DEFAULT_LEASE,
                   now: datetime | None = None) -> datetime:
@@ -258,15 +262,17 @@ class AsyncLedger(_LedgerBase):
 
     async def claim(self, action_key: str, operation: str, request: dict[str, Any], *,
                     lease: Lease = DEFAULT_LEASE, thread_id: str | None = None,
-                    on_expired: str = "unknown", now: datetime | None = None) -> Claim:
+                    on_expired: str = "unknown", now: datetime | None = None,
+                    claim_token: str | None = None) -> Claim:
         return await self._send(self._calls.claim(action_key, operation, request, lease,
-                                                  thread_id, on_expired, now))
+                                                  thread_id, on_expired, now, claim_token))
 
     async def claim_many(self, calls: list[tuple[str, str, dict[str, Any]]], *,
                          lease: Lease = DEFAULT_LEASE, thread_id: str | None = None,
-                         on_expired: str = "unknown", now: datetime | None = None) -> list[Claim]:
+                         on_expired: str = "unknown", now: datetime | None = None,
+                         claim_tokens: Sequence[str | None] | None = None) -> list[Claim]:
         return await self._send(self._calls.claim_many(calls, lease, thread_id, on_expired,
-                                                       now))
+                                                       now, claim_tokens))
 
     async def heartbeat(self, action_key: str, attempt: int, *, lease: Lease = DEFAULT_LEASE,
                         now: datetime | None = None) -> datetime:

@@ -7,9 +7,10 @@ connection.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -17,7 +18,7 @@ from replaysafe_pg import _tracing, runner
 from replaysafe_pg._conn import SyncSource, execute_on
 from replaysafe_pg._heartbeat import Heartbeater
 from replaysafe_pg.calls import LISTEN, UNLISTEN, Calls, Statement
-from replaysafe_pg.errors import wrap_errors
+from replaysafe_pg.errors import unavailable, wrap_errors
 from replaysafe_pg.execution import Execution
 from replaysafe_pg.models import Claim, ClaimOutcome
 from replaysafe_pg.runner import Plan, Steps
@@ -41,6 +42,47 @@ def _send_on(conn: Any, statement: Statement[T], alone: bool = False) -> T:
     return statement.decode(execute_on(conn, statement.query, statement.params, alone=alone))
 
 
+@contextlib.contextmanager
+def _no_raw_errors() -> Iterator[None]:
+    """docs/errors.md: a connection error reaches the caller of ``run`` as DatabaseUnavailable,
+    never as a psycopg exception (the steps convert theirs; this catches any other)."""
+    try:
+        yield
+    except runner.RAW_ERRORS as exc:
+        raise unavailable(exc) from exc
+
+
+class _Listener:
+    """A waiter's LISTEN connection, opened again (LISTEN first) when it died."""
+
+    def __init__(self, source: SyncSource) -> None:
+        self._source = source
+        self._stack: contextlib.ExitStack | None = None
+        self.conn: Any = None
+
+    def open(self) -> None:
+        self.close()
+        stack = contextlib.ExitStack()
+        try:
+            with wrap_errors():
+                conn = stack.enter_context(self._source.dedicated())
+            _send_on(conn, LISTEN)
+        except BaseException:
+            stack.close()
+            raise
+        self._stack, self.conn = stack, conn
+
+    def close(self) -> None:
+        stack, conn, self._stack, self.conn = self._stack, self.conn, None, None
+        if stack is None:
+            return
+        with stack, contextlib.suppress(*runner.RETRY_ERRORS):
+            if self._source.outlives(conn) and not conn.closed and not conn.broken:
+                # A pooled (or, failing a second one, the caller's) connection goes back
+                # without our LISTEN; a connection of our own is simply closed.
+                _send_on(conn, UNLISTEN)
+
+
 class Runner:
     """Claims, runs and records for a sync ``Ledger``."""
 
@@ -53,14 +95,22 @@ class Runner:
         return statement.decode(self._source.execute(statement.query, statement.params,
                                                      alone=alone))
 
+    def _claim(self, statement: Statement[T], plan: Plan) -> T:
+        return drive(runner.claim_within_lease(statement, plan.lease_seconds,
+                                               self._source.can_reconnect), self._perform)
+
     def run(self, plan: Plan) -> Execution:
-        with _tracing.span(plan.operation) as span:
-            return runner.traced(span, self._resolve(plan, self._send(plan.claim, alone=True)))
+        with _tracing.span(plan.operation) as span, _no_raw_errors():
+            return runner.traced(span, self._resolve(plan, self._claim(plan.claim, plan)))
 
     def run_many(self, plans: list[Plan], max_workers: int) -> list[Execution]:
         if not plans:
             return []
-        claims = self._send(runner.claim_many(self._calls, plans), alone=True)
+        with _no_raw_errors():
+            return self._run_many(plans, max_workers)
+
+    def _run_many(self, plans: list[Plan], max_workers: int) -> list[Execution]:
+        claims = self._claim(runner.claim_many(self._calls, plans), plans[0])
         out, work = runner.to_run(plans, claims)
         if len(work) == 1:
             out[work[0]] = self._resolve_traced(plans[work[0]], claims[work[0]])
@@ -92,34 +142,34 @@ class Runner:
 
     def _wait(self, plan: Plan, claim: Claim) -> Claim:
         deadline = time.monotonic() + plan.wait_timeout
-        source = self._source
-        with source.dedicated() as conn:
-            _send_on(conn, LISTEN)
-            try:
-                return drive(runner.wait(plan, claim, deadline),
-                             lambda effect: self._perform(effect, conn))
-            finally:
-                if source.outlives(conn) and not conn.closed and not conn.broken:
-                    # A pooled (or, failing a second one, the caller's) connection goes back
-                    # without our LISTEN; a connection of our own is simply closed.
-                    _send_on(conn, UNLISTEN)
+        listener = _Listener(self._source)
+        try:
+            return drive(runner.wait(plan, claim, deadline, self._source.can_reconnect),
+                         lambda effect: self._perform(effect, listener))
+        finally:
+            listener.close()
 
-    def _perform(self, effect: runner.Effect, conn: Any = None) -> Any:
+    def _perform(self, effect: runner.Effect, listener: _Listener | None = None) -> Any:
         match effect:
             case runner.Send(statement, alone):
-                if conn is not None:
-                    return _send_on(conn, statement, alone)
+                if listener is not None:
+                    return _send_on(listener.conn, statement, alone)
                 return self._send(statement, alone)
+            case runner.Listen():
+                assert listener is not None
+                listener.open()
+                return None
             case runner.Sleep(seconds):
                 time.sleep(seconds)
                 return None
             case runner.RunTool(plan, kwargs):
                 return _call(plan, kwargs)
-            case runner.Record(report, pending):
-                return drive(runner.record(self._calls, report, pending,
+            case runner.Record(report, pending, ticket):
+                return drive(runner.record(self._calls, report, pending, ticket,
                                            self._source.can_reconnect), self._perform)
             case runner.Notified(key, seconds):
-                return _await_notify(conn, key, seconds)
+                assert listener is not None
+                return _await_notify(listener.conn, key, seconds)
         raise AssertionError(effect)
 
 

@@ -4,6 +4,10 @@ Round trips: a first call costs two (claim, record), a replay one. Heartbeats ar
 only for tools that run longer than a third of their lease; waiting costs a LISTEN
 connection and one claim per wake-up.
 
+Connection errors are ridden out for as long as the lease asked for (docs/run.md, "When the
+database goes away"): the claim is sent again with the call's claim token, the record
+again after checking whether it had landed, the waiter's LISTEN connection is opened again.
+
 The steps that send something are generators: they yield an effect (:class:`Send`,
 :class:`Sleep`, :class:`RunTool`, :class:`Record`, :class:`Notified`) and get its answer
 back, or its exception thrown in. The I/O shells (``run.py`` with threads, ``arun.py`` on
@@ -17,6 +21,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import secrets
 import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
@@ -27,7 +32,13 @@ import psycopg
 
 from replaysafe_pg import _args, _json
 from replaysafe_pg.calls import Calls, Encoded, Lease, Statement
-from replaysafe_pg.errors import InvalidArgument, OutcomeNotRecorded, UnstorableResult
+from replaysafe_pg.errors import (
+    DatabaseUnavailable,
+    InvalidArgument,
+    OutcomeNotRecorded,
+    UnstorableResult,
+    unavailable,
+)
 from replaysafe_pg.execution import (
     Call,
     Encoder,
@@ -52,10 +63,13 @@ T = TypeVar("T")
 
 CHANNEL = "replaysafe_actions"
 DEFAULT_WAIT_TIMEOUT = 30.0
-# A report (or heartbeat) that failed on these is tried again on a fresh connection.
-RETRY_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError)
-# Backoff between attempts to record an outcome after a connection error (~6 s in all).
-RECORD_RETRY_DELAYS = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2)
+# A statement that failed on these is tried again on a fresh connection (the driver's own
+# errors are DatabaseUnavailable; the raw ones can only come from a caller's connection).
+RAW_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError)
+RETRY_ERRORS = (DatabaseUnavailable, *RAW_ERRORS)
+# Backoff between tries after a connection error: doubling from the first, at most the last.
+RETRY_FIRST_DELAY = 0.05
+RETRY_MAX_DELAY = 1.0
 # A waiter claims again at the lease's end; if the lease looks over but the owner's claim
 # still answers "running" (clock skew), it backs off from this, doubling up to a second.
 MIN_RECLAIM_WAIT = 0.05
@@ -100,7 +114,9 @@ def make_plan(calls: Calls, operation: str, fn: Callable[..., Any], args: dict[s
     # Serialising the request validates args: strict JSON (the request's fingerprint), a
     # JSON object, nothing written otherwise.
     request = Encoded(_json.dumps_object(args, "args"))
-    claim = calls.claim(key, operation, request, lease, thread_id, on_expired, None)
+    # A fresh claim token per call: a claim whose answer is lost is asked for again with it.
+    claim = calls.claim(key, operation, request, lease, thread_id, on_expired, None,
+                        new_claim_token())
     if not all(isinstance(name, str) for name in args):
         raise InvalidArgument("args must have string keys (they are passed as keyword arguments)")
     lease_seconds = claim.params["lease"].total_seconds()  # positive: checked by the builder
@@ -128,12 +144,18 @@ def make_plans(calls: Calls, specs: Sequence[CallSpec], **options: Any) -> list[
     return plans
 
 
+def new_claim_token() -> str:
+    return secrets.token_hex(16)
+
+
 def claim_many(calls: Calls, plans: list[Plan]) -> Statement[list[Claim]]:
-    """One claim for every plan (their requests already serialised by :func:`make_plan`)."""
+    """One claim for every plan (their requests already serialised by :func:`make_plan`),
+    each with its plan's claim token."""
     first = plans[0].claim.params
     return calls.claim_many(
         [(p.key, p.operation, Encoded(p.claim.params["request"])) for p in plans],
-        first["lease"], first["thread_id"], first["on_expired"], None)
+        first["lease"], first["thread_id"], first["on_expired"], None,
+        [p.claim.params["claim_token"] for p in plans])
 
 
 def to_run(plans: list[Plan], claims: list[Claim]) -> tuple[list[Execution | BaseException | None],
@@ -309,6 +331,12 @@ class Record:
 
     report: Report
     pending: Execution
+    ticket: Ticket
+
+
+@dataclass(frozen=True, slots=True)
+class Listen:
+    """(Re)open the waiter's connection and LISTEN on it; later sends of the wait go there."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,7 +347,7 @@ class Notified:
     seconds: float
 
 
-Effect: TypeAlias = Send | Sleep | RunTool | Record | Notified
+Effect: TypeAlias = Send | Sleep | RunTool | Record | Notified | Listen
 Steps: TypeAlias = Generator[Effect, Any, T]
 
 
@@ -351,38 +379,121 @@ class ToolTimedOut(Exception):
 class Ticket:
     """One running attempt. ``lease_lost`` is set when a heartbeat finds the lease gone."""
 
-    __slots__ = ("action_key", "attempt", "done", "heartbeat", "interval", "lease_lost",
-                 "recording")
+    __slots__ = ("action_key", "attempt", "done", "first_beat", "heartbeat", "interval",
+                 "lease_end", "lease_lost", "lease_seconds", "recording")
 
     def __init__(self, action_key: str, attempt: int, heartbeat: Statement[datetime],
-                 interval: float) -> None:
+                 lease_seconds: float, left: float | None = None) -> None:
         self.action_key = action_key
         self.attempt = attempt
         self.heartbeat = heartbeat
-        self.interval = interval
+        self.lease_seconds = lease_seconds
+        self.interval = lease_seconds / 3
+        # Until when records are retried (time.monotonic()): the lease from the claim, moved
+        # on by every heartbeat that was answered. Later than the true end at worst, and a
+        # record that lands late still settles the action ("late").
+        self.lease_end = time.monotonic() + lease_seconds
+        # A claim answered again by its token (after a lost answer) holds a lease that began
+        # earlier: the first heartbeat comes before the lease's remaining half is gone.
+        left = lease_seconds if left is None else max(0.0, min(left, lease_seconds))
+        self.first_beat = min(self.interval, left / 2)
         self.done = False
         # While the outcome is being written a lost lease is reported by the write itself.
         self.recording = False
         self.lease_lost = False
 
+    def extended(self, sent_at: float) -> None:
+        """A heartbeat sent at ``sent_at`` (time.monotonic()) was answered."""
+        self.lease_end = max(self.lease_end, sent_at + self.lease_seconds)
+
+    @property
+    def retry_delay(self) -> float:
+        """How soon a heartbeat that failed on a connection error is tried again."""
+        return min(self.interval / 2, RETRY_MAX_DELAY)
+
 
 def heartbeat_ticket(calls: Calls, plan: Plan, claim: Claim) -> Ticket:
+    left = None
+    if claim.lease_expires_at is not None:
+        # The server's clock against ours: skew only moves the first heartbeat earlier (a
+        # lease longer than asked is not believed).
+        left = (claim.lease_expires_at - datetime.now(UTC)).total_seconds()
     return Ticket(plan.key, claim.attempt, calls.heartbeat(plan.key, claim.attempt, plan.lease, None),
-                  plan.lease_seconds / 3)
+                  plan.lease_seconds, left)
 
 
 # --- the steps ---------------------------------------------------------------------------
 
-def wait(plan: Plan, claim: Claim, deadline: float) -> Steps[Claim]:
-    """The wake-ups of docs/sql-ledger.md, on a connection that LISTENs: claim again, wait for the key's
-    NOTIFY or the lease's end, until the claim is no longer "running" or ``deadline``."""
-    clock = WaitClock()
+class Backoff:
+    """Tries after connection errors until ``deadline`` (time.monotonic()): each failure waits
+    a little longer, doubling from RETRY_FIRST_DELAY up to RETRY_MAX_DELAY."""
+
+    __slots__ = ("deadline", "delay")
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+        self.delay = RETRY_FIRST_DELAY
+
+    def next_delay(self) -> float | None:
+        """Seconds to sleep before the next try, or None once the deadline would pass."""
+        delay, self.delay = self.delay, min(self.delay * 2, RETRY_MAX_DELAY)
+        left = self.deadline - time.monotonic()
+        return None if left <= 0 else min(delay, left)
+
+
+def claim_within_lease(statement: Statement[T], lease_seconds: float,
+                       can_reconnect: bool) -> Steps[T]:
+    """Send a claim (``claim_action`` or ``claim_actions``, with their claim tokens); after a
+    connection error, send it again on a fresh connection for as long as the lease asked for.
+    Its answer may have been lost after the commit: the token then answers "claimed" with the
+    same attempt, which otherwise would look "running" under our own lease."""
+    backoff = Backoff(time.monotonic() + lease_seconds)
     while True:
-        claim = yield Send(plan.claim, alone=True)
-        remaining = deadline - time.monotonic()
-        if claim.outcome is not ClaimOutcome.RUNNING or remaining <= 0:
-            return claim
-        yield Notified(claim.idempotency_key, clock.seconds(claim, remaining))
+        try:
+            answer: T = yield Send(statement, alone=True)
+            return answer
+        except RETRY_ERRORS as exc:
+            delay = backoff.next_delay() if can_reconnect else None
+            if delay is None:
+                raise as_unavailable(exc) from exc.__cause__ or exc
+            log.warning("claiming failed, claiming again with the same token in %.2f s: %s",
+                        delay, exc)
+        yield Sleep(delay)
+
+
+def as_unavailable(exc: BaseException) -> BaseException:
+    """What reaches the caller of ``run`` for a connection error: never a raw psycopg one."""
+    return exc if isinstance(exc, DatabaseUnavailable) else unavailable(exc)
+
+
+def wait(plan: Plan, claim: Claim, deadline: float, can_reconnect: bool) -> Steps[Claim]:
+    """The wake-ups of docs/sql-ledger.md, on a connection that LISTENs: claim again, wait for the key's
+    NOTIFY or the lease's end, until the claim is no longer "running" or ``deadline``. A
+    LISTEN connection that dies is opened again (LISTEN before the claim, so no wake-up is
+    missed) until ``deadline``."""
+    clock = WaitClock()
+    backoff = Backoff(deadline)
+    listening = False
+    while True:
+        try:
+            if not listening:
+                yield Listen()
+                listening = True
+            claim = yield Send(plan.claim, alone=True)
+            backoff = Backoff(deadline)
+            remaining = deadline - time.monotonic()
+            if claim.outcome is not ClaimOutcome.RUNNING or remaining <= 0:
+                return claim
+            yield Notified(claim.idempotency_key, clock.seconds(claim, remaining))
+            continue
+        except RETRY_ERRORS as exc:
+            listening = False
+            delay = backoff.next_delay() if can_reconnect else None
+            if delay is None:
+                raise as_unavailable(exc) from exc.__cause__ or exc
+            log.warning("waiting for action %r: the LISTEN connection failed, opening another "
+                        "in %.2f s: %s", plan.key, delay, exc)
+        yield Sleep(delay)
 
 
 def execute(calls: Calls, plan: Plan, claim: Claim, ticket: Ticket) -> Steps[Execution]:
@@ -438,21 +549,28 @@ def execute(calls: Calls, plan: Plan, claim: Claim, ticket: Ticket) -> Steps[Exe
 
 def _record(ticket: Ticket, report: Report, pending: Execution) -> Steps[ReportOutcome]:
     ticket.recording = True
-    outcome: ReportOutcome = yield Record(report, pending)
+    outcome: ReportOutcome = yield Record(report, pending, ticket)
     return outcome
 
 
-def record(calls: Calls, report: Report, pending: Execution,
+def record(calls: Calls, report: Report, pending: Execution, ticket: Ticket,
            can_reconnect: bool) -> Steps[ReportOutcome]:
-    """Write the attempt's report; after a connection error retry on a fresh connection.
+    """Write the attempt's report; after a connection error retry on a fresh connection
+    for as long as the lease lasts (the heartbeats keep extending it meanwhile, so an outage
+    shorter than the lease costs time, not an ``unknown``).
 
     A retry first reads the attempt's row: if the lost answer had in fact committed, the
     report is not sent again (a second send would answer ``superseded``).
     """
     last: BaseException | None = None
-    for delay in (0.0, *RECORD_RETRY_DELAYS):
-        if delay:
-            if not can_reconnect:
+    backoff = Backoff(ticket.lease_end)
+    first = True
+    while True:
+        if not first:
+            # The deadline follows the lease as the heartbeats extend it.
+            backoff.deadline = ticket.lease_end
+            delay = backoff.next_delay() if can_reconnect and not ticket.lease_lost else None
+            if delay is None:
                 break
             yield Sleep(delay)
             try:
@@ -462,6 +580,7 @@ def record(calls: Calls, report: Report, pending: Execution,
                 continue
             if report.landed(attempts, pending.attempt):
                 return ReportOutcome.RECORDED
+        first = False
         try:
             outcome: ReportOutcome = yield Send(report.statement)
             return outcome
@@ -469,4 +588,4 @@ def record(calls: Calls, report: Report, pending: Execution,
             last = exc
             log.warning("recording the outcome of action %r (attempt %d) failed, retrying on a "
                         "fresh connection: %s", pending.action_key, pending.attempt, exc)
-    raise not_recorded(pending, last)
+    raise not_recorded(pending, last) from last

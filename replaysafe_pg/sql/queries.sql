@@ -2,10 +2,10 @@
 -- Each is one round trip: a bare call of a replaysafe function with named arguments.
 
 -- name: claim_action --
-SELECT * FROM replaysafe.claim_action(p_tenant_id => %(tenant_id)s, p_action_key => %(action_key)s, p_operation => %(operation)s, p_request => %(request)s::jsonb, p_worker_id => %(worker_id)s, p_lease => %(lease)s::interval, p_thread_id => %(thread_id)s::text, p_on_expired => %(on_expired)s, p_now => %(now)s::timestamptz)
+SELECT * FROM replaysafe.claim_action(p_tenant_id => %(tenant_id)s, p_action_key => %(action_key)s, p_operation => %(operation)s, p_request => %(request)s::jsonb, p_worker_id => %(worker_id)s, p_lease => %(lease)s::interval, p_thread_id => %(thread_id)s::text, p_on_expired => %(on_expired)s, p_now => %(now)s::timestamptz, p_claim_token => %(claim_token)s::text)
 
 -- name: claim_actions --
-SELECT * FROM replaysafe.claim_actions(p_tenant_id => %(tenant_id)s, p_action_keys => %(action_keys)s::text[], p_operations => %(operations)s::text[], p_requests => %(requests)s::jsonb[], p_worker_id => %(worker_id)s, p_lease => %(lease)s::interval, p_thread_id => %(thread_id)s::text, p_on_expired => %(on_expired)s, p_now => %(now)s::timestamptz)
+SELECT * FROM replaysafe.claim_actions(p_tenant_id => %(tenant_id)s, p_action_keys => %(action_keys)s::text[], p_operations => %(operations)s::text[], p_requests => %(requests)s::jsonb[], p_worker_id => %(worker_id)s, p_lease => %(lease)s::interval, p_thread_id => %(thread_id)s::text, p_on_expired => %(on_expired)s, p_now => %(now)s::timestamptz, p_claim_tokens => %(claim_tokens)s::text[])
 
 -- name: heartbeat_action --
 SELECT replaysafe.heartbeat_action(p_tenant_id => %(tenant_id)s, p_action_key => %(action_key)s, p_attempt => %(attempt)s::integer, p_lease => %(lease)s::interval, p_now => %(now)s::timestamptz)

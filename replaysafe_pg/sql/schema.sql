@@ -83,6 +83,10 @@ CREATE TABLE replaysafe.actions (
     updated_at         timestamptz NOT NULL,
     completed_at       timestamptz,
     resolved_at        timestamptz,
+    -- The claim token of the current attempt (SPEC §2): a claim repeating it while that
+    -- attempt runs under a live lease gets the claim's lost answer again. Written with the
+    -- claim itself (no extra write); never compared once the attempt left "running".
+    claim_token        text,
     PRIMARY KEY (tenant_id, action_key)
 );
 
@@ -466,6 +470,8 @@ $$;
 -- Claim an action: create it, or find it and answer what the caller must do.
 -- Outcomes: claimed | replay | running | unknown; RS001 on a changed fingerprint.
 -- A replay or an "unknown" answer reads one row without locking and writes nothing.
+-- p_claim_token: a claim that repeats the token of the running attempt (its first answer was
+-- lost) answers "claimed" again with that attempt and lease while the lease is live.
 CREATE FUNCTION replaysafe.claim_action(
     p_tenant_id   text,
     p_action_key  text,
@@ -475,7 +481,8 @@ CREATE FUNCTION replaysafe.claim_action(
     p_lease       interval    DEFAULT '30 seconds',
     p_thread_id   text        DEFAULT NULL,
     p_on_expired  text        DEFAULT 'unknown',
-    p_now         timestamptz DEFAULT clock_timestamp())
+    p_now         timestamptz DEFAULT clock_timestamp(),
+    p_claim_token text        DEFAULT NULL)
 RETURNS replaysafe.claim_record
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -491,13 +498,16 @@ BEGIN
         AND octet_length(p_operation) BETWEEN 1 AND 1024 AND length(p_operation) <= 512
         AND octet_length(p_worker_id) BETWEEN 1 AND 1024 AND length(p_worker_id) <= 512
         AND (p_thread_id IS NULL
-             OR (octet_length(p_thread_id) BETWEEN 1 AND 1024 AND length(p_thread_id) <= 512)))
+             OR (octet_length(p_thread_id) BETWEEN 1 AND 1024 AND length(p_thread_id) <= 512))
+        AND (p_claim_token IS NULL
+             OR (octet_length(p_claim_token) BETWEEN 1 AND 1024 AND length(p_claim_token) <= 512)))
        IS NOT TRUE THEN
         PERFORM replaysafe._check_id('p_tenant_id', p_tenant_id);
         PERFORM replaysafe._check_id('p_action_key', p_action_key);
         PERFORM replaysafe._check_id('p_operation', p_operation);
         PERFORM replaysafe._check_id('p_worker_id', p_worker_id);
         PERFORM replaysafe._check_id('p_thread_id', p_thread_id, true);
+        PERFORM replaysafe._check_id('p_claim_token', p_claim_token, true);
     END IF;
     IF p_request IS NULL OR jsonb_typeof(p_request) <> 'object' THEN
         PERFORM replaysafe._invalid('p_request', 'must be a JSON object');
@@ -531,6 +541,11 @@ BEGIN
         ELSIF a.state = 'unknown' THEN
             RETURN ('unknown', a.state, a.attempt, a.lease_expires_at, a.result, a.error,
                 a.idempotency_key, a.provider_reference)::replaysafe.claim_record;
+        ELSIF a.state = 'running' AND a.lease_expires_at > p_now AND a.claim_token = p_claim_token THEN
+            -- Our own claim, whose answer was lost: no lock needed, only the token's holder
+            -- (who does not know it holds the lease) could move the action on.
+            RETURN ('claimed', a.state, a.attempt, a.lease_expires_at, a.result, a.error,
+                a.idempotency_key, a.provider_reference)::replaysafe.claim_record;
         ELSIF a.state = 'running' AND a.lease_expires_at > p_now AND a.has_waiters THEN
             RETURN ('running', a.state, a.attempt, a.lease_expires_at, a.result, a.error,
                 a.idempotency_key, a.provider_reference)::replaysafe.claim_record;
@@ -543,11 +558,11 @@ BEGIN
             length(p_tenant_id)::text || ':' || p_tenant_id || p_action_key, 'UTF8'))), 'hex');
         INSERT INTO replaysafe.actions AS x (
             tenant_id, action_key, thread_id, operation, request, state, attempt, on_expired,
-            idempotency_key, worker_id, lease_expires_at, created_at, updated_at)
+            idempotency_key, worker_id, lease_expires_at, created_at, updated_at, claim_token)
         VALUES (
             p_tenant_id, p_action_key, p_thread_id, p_operation, p_request, 'running', 1,
             p_on_expired, a.idempotency_key, p_worker_id,
-            p_now + p_lease, p_now, p_now)
+            p_now + p_lease, p_now, p_now, p_claim_token)
         ON CONFLICT DO NOTHING
         -- Only what the answer needs (the rest is NULL): a whole row costs a copy.
         RETURNING x.state, x.attempt, x.lease_expires_at, x.idempotency_key
@@ -562,14 +577,16 @@ BEGIN
     END IF;
 
     RETURN replaysafe._claim_locked(p_tenant_id, p_action_key, p_operation, p_request,
-                                    p_worker_id, p_lease, p_thread_id, p_on_expired, p_now);
+                                    p_worker_id, p_lease, p_thread_id, p_on_expired, p_now,
+                                    p_claim_token);
 END
 $$;
 
 -- The part of a claim that must change the row: waiters, expired leases, retries.
 CREATE FUNCTION replaysafe._claim_locked(
     p_tenant_id text, p_action_key text, p_operation text, p_request jsonb,
-    p_worker_id text, p_lease interval, p_thread_id text, p_on_expired text, p_now timestamptz)
+    p_worker_id text, p_lease interval, p_thread_id text, p_on_expired text, p_now timestamptz,
+    p_claim_token text)
 RETURNS replaysafe.claim_record
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -583,7 +600,8 @@ BEGIN
     IF NOT FOUND THEN
         -- Purged between our reads (it was terminal): it is new again.
         RETURN replaysafe.claim_action(p_tenant_id, p_action_key, p_operation, p_request,
-                                       p_worker_id, p_lease, p_thread_id, p_on_expired, p_now);
+                                       p_worker_id, p_lease, p_thread_id, p_on_expired, p_now,
+                                       p_claim_token);
     END IF;
     IF a.operation <> p_operation OR a.request <> p_request THEN
         PERFORM replaysafe._raise('RS001', format(
@@ -595,6 +613,9 @@ BEGIN
                 a.idempotency_key, a.provider_reference)::replaysafe.claim_record;
     ELSIF a.state = 'unknown' THEN
         RETURN ('unknown', a.state, a.attempt, a.lease_expires_at, a.result, a.error,
+                a.idempotency_key, a.provider_reference)::replaysafe.claim_record;
+    ELSIF a.state = 'running' AND a.lease_expires_at > p_now AND a.claim_token = p_claim_token THEN
+        RETURN ('claimed', a.state, a.attempt, a.lease_expires_at, a.result, a.error,
                 a.idempotency_key, a.provider_reference)::replaysafe.claim_record;
     ELSIF a.state = 'running' AND a.lease_expires_at > p_now THEN
         IF NOT a.has_waiters THEN
@@ -619,7 +640,7 @@ BEGIN
     UPDATE replaysafe.actions x
     SET state = 'running', attempt = x.attempt + 1, worker_id = p_worker_id,
         lease_expires_at = p_now + p_lease, has_waiters = false, result = NULL, error = NULL,
-        provider_reference = NULL, updated_at = p_now
+        provider_reference = NULL, updated_at = p_now, claim_token = p_claim_token
     WHERE x.tenant_id = p_tenant_id AND x.action_key = p_action_key
     RETURNING * INTO a;
     INSERT INTO replaysafe.action_attempts (tenant_id, action_key, attempt, worker_id, claimed_at)
@@ -660,7 +681,8 @@ CREATE FUNCTION replaysafe.claim_actions(
     p_lease       interval    DEFAULT '30 seconds',
     p_thread_id   text        DEFAULT NULL,
     p_on_expired  text        DEFAULT 'unknown',
-    p_now         timestamptz DEFAULT clock_timestamp())
+    p_now         timestamptz DEFAULT clock_timestamp(),
+    p_claim_tokens text[]     DEFAULT NULL)
 RETURNS SETOF replaysafe.claim_record
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -676,6 +698,9 @@ BEGIN
         PERFORM replaysafe._invalid('p_action_keys',
             'p_action_keys, p_operations and p_requests must be arrays of equal length');
     END IF;
+    IF p_claim_tokens IS NOT NULL AND coalesce(cardinality(p_claim_tokens), 0) <> n THEN
+        PERFORM replaysafe._invalid('p_claim_tokens', 'must hold one token (or NULL) per key');
+    END IF;
     IF n > 1000 THEN
         PERFORM replaysafe._invalid('p_action_keys', 'must hold at most 1000 keys');
     END IF;
@@ -689,7 +714,7 @@ BEGIN
     FOR i IN SELECT o FROM unnest(p_action_keys) WITH ORDINALITY AS u(k, o) ORDER BY k LOOP
         results[i] := replaysafe.claim_action(p_tenant_id, p_action_keys[i], p_operations[i],
                                               p_requests[i], p_worker_id, p_lease, p_thread_id,
-                                              p_on_expired, p_now);
+                                              p_on_expired, p_now, p_claim_tokens[i]);
     END LOOP;
     RETURN QUERY SELECT * FROM unnest(results);
 END
@@ -1594,8 +1619,8 @@ BEGIN
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'replaysafe_worker') THEN
         GRANT USAGE ON SCHEMA replaysafe TO replaysafe_worker;
         GRANT EXECUTE ON FUNCTION
-            replaysafe.claim_action(text, text, text, jsonb, text, interval, text, text, timestamptz),
-            replaysafe.claim_actions(text, text[], text[], jsonb[], text, interval, text, text, timestamptz),
+            replaysafe.claim_action(text, text, text, jsonb, text, interval, text, text, timestamptz, text),
+            replaysafe.claim_actions(text, text[], text[], jsonb[], text, interval, text, text, timestamptz, text[]),
             replaysafe.heartbeat_action(text, text, integer, interval, timestamptz),
             replaysafe.complete_action(text, text, integer, jsonb, text, timestamptz),
             replaysafe.fail_action(text, text, integer, jsonb, boolean, timestamptz),

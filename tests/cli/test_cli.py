@@ -321,7 +321,7 @@ def test_doctor_lists_objects_the_migration_did_not_create_or_another_role_owns(
     assert "FAIL  schema objects created by the migration: NOT created by the migration: " in out
     assert ("2 functions named claim_action (the migration creates one): replaysafe.claim_action(text), "
             "replaysafe.claim_action(text,text,text,jsonb,text,interval,text,text,timestamp with time "
-            "zone)") in out and "table notes" in out
+            "zone,text)") in out and "table notes" in out
     assert f"FAIL  schema objects owned by the schema owner: owned by another role: table notes " \
            f"(owner {intruder})" in out
     assert "FAIL  functions pin search_path: NOT pinned: function replaysafe.claim_action(text)" in out
@@ -398,12 +398,12 @@ def test_doctor_notices_privileges_the_migration_does_not_grant(dsn: str) -> Non
         conn.execute("GRANT SELECT ON replaysafe.actions TO replaysafe_auditor")
         conn.execute("GRANT EXECUTE ON FUNCTION replaysafe.unbind_role(text) TO replaysafe_worker")
         conn.execute("GRANT EXECUTE ON FUNCTION replaysafe.claim_action(text, text, text, jsonb, text, "
-                     "interval, text, text, timestamptz) TO PUBLIC")
+                     "interval, text, text, timestamptz, text) TO PUBLIC")
     result = run("doctor", dsn=dsn)
     assert result.exit_code == 1
     assert ("FAIL  privileges only as the migration grants them: NOT granted by the migration: "
             "EXECUTE on function replaysafe.claim_action(text,text,text,jsonb,text,interval,text,"
-            "text,timestamp with time zone) to public, ") in result.stdout
+            "text,timestamp with time zone,text) to public, ") in result.stdout
     assert "SELECT on table actions to replaysafe_auditor" in result.stdout
     assert "EXECUTE on function replaysafe.unbind_role(text) to replaysafe_worker" in result.stdout
 

@@ -114,7 +114,7 @@ def test_schema_sql_equals_alembic_chain(new_db: Callable[[], str], reference_du
     "LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$ BEGIN NULL; END $$",
     "ALTER TABLE replaysafe.actions DISABLE ROW LEVEL SECURITY",
     "ALTER FUNCTION replaysafe.claim_action(text, text, text, jsonb, text, interval, text, text, "
-    "timestamptz) RESET search_path",
+    "timestamptz, text) RESET search_path",
     "ALTER FUNCTION replaysafe.read_thread(text, text, text) SECURITY INVOKER",
     "REVOKE SELECT ON replaysafe.actions_v FROM replaysafe_auditor",
     "ALTER TYPE replaysafe.action_state ADD VALUE 'cancelled'",
@@ -308,6 +308,26 @@ def test_0003_upgrades_a_0002_installation_and_downgrades_back(new_db: Callable[
     replaysafe_pg.downgrade(dsn, "0002")
     assert schema_dump(dsn) == schema_dump(at_0002)
     assert versions(dsn) == ["0002"]
+
+
+def test_0005_upgrades_a_0004_installation_and_downgrades_back(new_db: Callable[[], str]) -> None:
+    at_0004, dsn = new_db(), new_db()
+    replaysafe_pg.migrate(at_0004, "0004")
+    replaysafe_pg.migrate(dsn, "0004")
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("SELECT replaysafe.claim_action(p_tenant_id => 't', p_action_key => 'old', "
+                  "p_operation => 'op', p_request => '{}', p_worker_id => 'w')")
+    replaysafe_pg.migrate(dsn)
+    with replaysafe_pg.Ledger(dsn, tenant_id="t") as led:
+        # An action claimed before the upgrade has no token: nothing matches it.
+        assert led.claim("old", "op", {}, claim_token="tok").outcome == "running"
+        assert led.claim("new", "op", {}, claim_token="tok").outcome == "claimed"
+        assert led.claim("new", "op", {}, claim_token="tok").outcome == "claimed"
+    replaysafe_pg.downgrade(dsn, "0004")
+    assert schema_dump(dsn) == schema_dump(at_0004)
+    assert versions(dsn) == ["0004"]
+    with replaysafe_pg.Ledger(dsn, tenant_id="t") as led:
+        assert led.get("new") is not None
 
 
 def test_migrate_refuses_a_schema_squatted_by_another_role(empty_dsn: str,

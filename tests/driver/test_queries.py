@@ -15,7 +15,7 @@ from replaysafe_pg import queries
 def _claim_params(key: str, lease: timedelta) -> dict[str, Any]:
     return {"tenant_id": "t1", "action_key": key, "operation": "op", "request": "{}",
             "worker_id": "w", "lease": lease, "thread_id": None, "on_expired": "unknown",
-            "now": None}
+            "now": None, "claim_token": None}
 
 
 # With the 0002 default now(), the lease was counted from the transaction's start.
