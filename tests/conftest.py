@@ -7,7 +7,6 @@ dir. The schema is migrated once into a template database; each test gets a fres
 
 from __future__ import annotations
 
-import itertools
 import os
 import shutil
 import subprocess
@@ -21,7 +20,7 @@ warnings.filterwarnings("ignore", module="platformdirs")
 
 import psycopg
 import pytest
-from psycopg import conninfo as pg_conninfo
+from helpers.db import clone_database, drop_database, dsn_for
 
 import replaysafe_pg
 from replaysafe_pg import embedded
@@ -39,10 +38,6 @@ def _docker_answers() -> bool:
         return subprocess.run(["docker", "info"], capture_output=True, timeout=5).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
-
-
-def dsn_for(admin_dsn: str, dbname: str) -> str:
-    return pg_conninfo.make_conninfo(admin_dsn, dbname=dbname)
 
 
 @pytest.fixture(scope="session")
@@ -77,21 +72,6 @@ def template_db(admin_dsn: str) -> Iterator[str]:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-_counter = itertools.count()
-
-
-def clone_database(admin_dsn: str, template: str) -> str:
-    name = f"rs_t_{os.getpid()}_{next(_counter)}"
-    with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
-    return name
-
-
-def drop_database(admin_dsn: str, name: str) -> None:
-    with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
 @pytest.fixture
 def dsn(admin_dsn: str, template_db: str) -> Iterator[str]:
     """A fresh, migrated database of its own for this test."""
@@ -103,7 +83,7 @@ def dsn(admin_dsn: str, template_db: str) -> Iterator[str]:
 @pytest.fixture
 def empty_dsn(admin_dsn: str) -> Iterator[str]:
     """A fresh database without the replaysafe schema."""
-    name = f"rs_e_{os.getpid()}_{next(_counter)}"
+    name = f"rs_e_{os.getpid()}_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     yield dsn_for(admin_dsn, name)

@@ -41,8 +41,8 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import clone_database, drop_database, dsn_for
 from helpers.cli import console_script, script_env
+from helpers.db import clone_database, drop_database, dsn_for
 from psycopg import conninfo as pg_conninfo
 
 from replaysafe_pg import Ledger, Threads, embedded, schema

@@ -5,6 +5,8 @@ the LOGIN roles of the isolation tests."""
 from __future__ import annotations
 
 import contextlib
+import itertools
+import os
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -23,6 +25,26 @@ def cloned_database(admin_dsn: str, template: str) -> Iterator[str]:
     finally:
         with psycopg.connect(admin_dsn, autocommit=True) as c:
             c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def dsn_for(admin_dsn: str, dbname: str) -> str:
+    return pg_conninfo.make_conninfo(admin_dsn, dbname=dbname)
+
+
+_counter = itertools.count()
+
+
+def clone_database(admin_dsn: str, template: str) -> str:
+    """A new database copied from ``template`` (the session's migrated one)."""
+    name = f"rs_t_{os.getpid()}_{next(_counter)}"
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+    return name
+
+
+def drop_database(admin_dsn: str, name: str) -> None:
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def reset_ledger(conn: psycopg.Connection[Any]) -> None:
