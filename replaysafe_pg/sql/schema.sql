@@ -541,7 +541,8 @@ BEGIN
         ELSIF a.state = 'unknown' THEN
             RETURN ('unknown', a.state, a.attempt, a.lease_expires_at, a.result, a.error,
                 a.idempotency_key, a.provider_reference)::replaysafe.claim_record;
-        ELSIF a.state = 'running' AND a.lease_expires_at > p_now AND a.claim_token = p_claim_token THEN
+        ELSIF a.state = 'running' AND a.claim_token = p_claim_token
+              AND a.lease_expires_at > greatest(p_now, clock_timestamp()) THEN
             -- Our own claim, whose answer was lost: no lock needed, only the token's holder
             -- (who does not know it holds the lease) could move the action on.
             RETURN ('claimed', a.state, a.attempt, a.lease_expires_at, a.result, a.error,
@@ -614,7 +615,8 @@ BEGIN
     ELSIF a.state = 'unknown' THEN
         RETURN ('unknown', a.state, a.attempt, a.lease_expires_at, a.result, a.error,
                 a.idempotency_key, a.provider_reference)::replaysafe.claim_record;
-    ELSIF a.state = 'running' AND a.lease_expires_at > p_now AND a.claim_token = p_claim_token THEN
+    ELSIF a.state = 'running' AND a.claim_token = p_claim_token
+              AND a.lease_expires_at > greatest(p_now, clock_timestamp()) THEN
         RETURN ('claimed', a.state, a.attempt, a.lease_expires_at, a.result, a.error,
                 a.idempotency_key, a.provider_reference)::replaysafe.claim_record;
     ELSIF a.state = 'running' AND a.lease_expires_at > p_now THEN
@@ -700,6 +702,14 @@ BEGIN
     END IF;
     IF p_claim_tokens IS NOT NULL AND coalesce(cardinality(p_claim_tokens), 0) <> n THEN
         PERFORM replaysafe._invalid('p_claim_tokens', 'must hold one token (or NULL) per key');
+    END IF;
+    -- Element i of every array belongs to key i: no other bounds, no second dimension.
+    IF n > 0 AND (array_ndims(p_action_keys) <> 1 OR array_lower(p_action_keys, 1) <> 1
+                  OR array_ndims(p_operations) <> 1 OR array_lower(p_operations, 1) <> 1
+                  OR array_ndims(p_requests) <> 1 OR array_lower(p_requests, 1) <> 1
+                  OR array_ndims(p_claim_tokens) <> 1 OR array_lower(p_claim_tokens, 1) <> 1) THEN
+        PERFORM replaysafe._invalid('p_action_keys', 'p_action_keys, p_operations, p_requests and '
+                                    'p_claim_tokens must be one-dimensional arrays indexed from 1');
     END IF;
     IF n > 1000 THEN
         PERFORM replaysafe._invalid('p_action_keys', 'must hold at most 1000 keys');

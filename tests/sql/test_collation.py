@@ -4,11 +4,11 @@ comparison inside the function. A worker's own nondeterministic collation (a cas
 ICU one created in pg_temp) made its tenant id equal another's: it completed another
 tenant's attempt with a forged result and read its threads (found by an attacker's review).
 Postgres builds without ICU cannot create such a collation, so this tests the guard with the
-built-in collations; REPLAYSAFE_ICU_TEST_DSN runs the real attack too."""
+built-in collations; tests/sql/test_review_0004_0005.py runs the real attack on a server with
+ICU (REPLAYSAFE_ICU_TEST_DSN)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 import psycopg
@@ -78,18 +78,3 @@ def test_operator_duties_refuse_a_collate_clause(world: str, make_role: Callable
                 operator.execute(sql)
             assert caught.value.sqlstate == "RS005", caught.value
             operator.rollback()
-
-
-ICU = os.environ.get("REPLAYSAFE_ICU_TEST_DSN")
-
-
-@pytest.mark.skipif(not ICU, reason="needs a Postgres with ICU: set REPLAYSAFE_ICU_TEST_DSN")
-def test_a_case_insensitive_collation_reaches_no_other_tenant() -> None:  # pragma: no cover
-    assert ICU
-    with psycopg.connect(ICU, autocommit=True) as c:
-        c.execute("CREATE COLLATION IF NOT EXISTS pg_temp.ci (provider = icu, "
-                  "locale = 'und-u-ks-level2', deterministic = false)")
-        with pytest.raises(psycopg.Error) as caught:
-            c.execute("SELECT * FROM replaysafe.read_thread(p_tenant_id => 'ACME' COLLATE pg_temp.ci, "
-                      "p_thread_id => 't1')")
-        assert caught.value.sqlstate == "RS005"
