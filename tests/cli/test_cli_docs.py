@@ -235,6 +235,7 @@ class Place:
 def normalise(line: str) -> str:
     for default in DOCS_PGDATA:
         line = line.replace(default, "PGDATA")
+    line = re.sub(r"(PostgreSQL [\d.]+) \([^)]*\)", r"\1", line)  # a distribution's suffix
     return " ".join(re.sub(r"\d+", "9", line).split())
 
 

@@ -72,3 +72,15 @@ def bind(dsn: str, role: str, tenant: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as c:
         c.execute("SELECT replaysafe.bind_role_to_tenant(p_role => %s, p_tenant_id => %s)",
                   (role, tenant))
+
+
+def require_maintain_privilege(dsn: str) -> None:
+    """Skip unless the server knows the MAINTAIN privilege (Postgres 17+): before it, only a
+    table's owner (or a superuser) runs ANALYZE on it, so a tenant's maintenance cannot run
+    another tenant's index expression."""
+    import pytest
+
+    with psycopg.connect(dsn) as c:
+        row = c.execute("SELECT current_setting('server_version_num')::int").fetchone()
+    if row is None or row[0] < 170000:
+        pytest.skip("GRANT MAINTAIN needs Postgres 17+")

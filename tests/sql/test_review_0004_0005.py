@@ -26,7 +26,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from helpers.db import bind, connect_as
+from helpers.db import bind, connect_as, require_maintain_privilege
 from psycopg import conninfo as pg_conninfo
 
 import replaysafe_pg
@@ -374,6 +374,7 @@ def test_sweep_and_purge_in_another_tenants_maintenance_act_for_nobody(
     """Tenant B's operator runs ANALYZE on a table of A's operator (MAINTAIN granted to all):
     A's index expression runs in B's session. The batched sweep and purge of 0004 read the
     tenant from _caller_scope: there they act for nobody, and the token claim gets RS004."""
+    require_maintain_privilege(world)
     attacker = make_role("replaysafe_operator", "replaysafe_worker")
     victim = make_role("replaysafe_operator")
     bind(world, attacker, "A")
@@ -476,6 +477,9 @@ def test_installed_revision_answers_the_revision_only(world: str, worker_a: Conn
     head = owner_rows(world, "SELECT version_num FROM replaysafe.alembic_version")
     assert worker_a.execute(b"SELECT replaysafe.installed_revision()").fetchone() == head[0]
     assert sqlstate(worker_a, "SELECT * FROM replaysafe.alembic_version") == "42501"
+    worker_a.rollback()
+    worker_a.execute(b"DISCARD TEMP")  # before the role is dropped (its backend may linger)
+    worker_a.commit()
 
 
 def test_an_upgrade_to_0005_under_default_privileges_opens_nothing(empty_dsn: str,

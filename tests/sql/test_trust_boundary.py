@@ -16,7 +16,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from helpers.db import bind, connect_as
+from helpers.db import bind, connect_as, require_maintain_privilege
 from psycopg import sql
 
 Conn = psycopg.Connection[Any]
@@ -455,9 +455,11 @@ def test_operator_settles_reopens_and_purges_its_tenant_only(world: str,
 ])
 def test_times_out_of_range_are_refused_even_for_the_owner(dsn: str, args: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as c:
+        # An infinite interval exists from Postgres 17; before, the literal itself is refused.
+        old = "infinity'" in args and "p_lease" in args and c.info.server_version < 170000
         assert sqlstate(c, "SELECT replaysafe.claim_action(p_tenant_id => 't', p_action_key => 'k', "
                            f"p_operation => 'op', p_request => '{{}}', p_worker_id => 'w', {args})"
-                        ) == "RS005"
+                        ) == ("22007" if old else "RS005")
         assert c.execute("SELECT count(*) FROM replaysafe.actions").fetchone() == (0,)
 
 
@@ -719,6 +721,7 @@ def test_a_workers_index_expression_run_in_another_tenants_session_acts_for_nobo
         world: str, make_role: MakeRole) -> None:
     """Tenant B's operator runs a database-wide ANALYZE; A's index expression runs in B's
     session (a security-restricted operation): it must not act for B."""
+    require_maintain_privilege(world)
     attacker = make_role("replaysafe_worker")
     victim = make_role("replaysafe_operator")
     bind(world, attacker, "A")
@@ -842,6 +845,7 @@ def test_code_a_group_role_owns_reads_no_tenant_in_someone_elses_session(
     """A's login (a member of `group`) builds an index expression as the unbound group role;
     B's bound session (or a superuser's) runs it with ANALYZE: through the views it must see
     neither B's tenant (the session's) nor every tenant (the group's)."""
+    require_maintain_privilege(world)
     attacker = make_role("replaysafe_worker", "replaysafe_auditor")
     victim = make_role("replaysafe_operator")
     bind(world, attacker, "A")
