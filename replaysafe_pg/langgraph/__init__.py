@@ -11,5 +11,7 @@ The core package never imports this module: ``import replaysafe_pg`` needs no La
 
 from replaysafe_pg.errors import StaleCheckpointError
 from replaysafe_pg.langgraph.saver import AsyncReplaysafeSaver, ReplaysafeSaver
+from replaysafe_pg.langgraph.tool_node import ReplaySafeToolNode, ToolCallFailed
 
-__all__ = ["AsyncReplaysafeSaver", "ReplaysafeSaver", "StaleCheckpointError"]
+__all__ = ["AsyncReplaysafeSaver", "ReplaySafeToolNode", "ReplaysafeSaver",
+           "StaleCheckpointError", "ToolCallFailed"]
