@@ -7,7 +7,6 @@ DROP FUNCTION replaysafe.langgraph_delete_thread(text, text);
 DROP FUNCTION replaysafe.langgraph_delete_for_runs(text, text[]);
 DROP FUNCTION replaysafe.langgraph_copy_thread(text, text, text);
 DROP FUNCTION replaysafe.langgraph_prune(text, text[], text);
-DROP FUNCTION replaysafe._langgraph_records(replaysafe.langgraph_checkpoints[]);
 DROP FUNCTION replaysafe._langgraph_collect_blobs(text, text, text);
 DROP FUNCTION replaysafe._langgraph_namespace(text, text, text, boolean);
 DROP FUNCTION replaysafe._langgraph_check_args(text, text, text);

@@ -334,39 +334,6 @@ BEGIN
 END
 $$;
 
--- The values and pending writes of checkpoint rows, as records.
-CREATE FUNCTION replaysafe._langgraph_records(p_rows replaysafe.langgraph_checkpoints[])
-RETURNS SETOF replaysafe.langgraph_checkpoint_record
-LANGUAGE sql STABLE
-SET search_path = pg_catalog, pg_temp
-AS $$
-    SELECT c.thread_id, c.checkpoint_ns, c.checkpoint_id::text, c.parent_checkpoint_id::text,
-           c.checkpoint, c.metadata, b.channels, b.types, b.blobs,
-           w.task_ids, w.channels, w.types, w.blobs
-    FROM unnest(p_rows) WITH ORDINALITY AS c
-    CROSS JOIN LATERAL (
-        SELECT array_agg(x.channel) AS channels, array_agg(x.type) AS types,
-               array_agg(x.blob) AS blobs
-        FROM jsonb_each_text(c.checkpoint -> 'channel_versions') AS v(channel, version)
-        JOIN replaysafe.langgraph_blobs x
-          ON x.tenant_id = c.tenant_id AND x.thread_id = c.thread_id
-         AND x.checkpoint_ns = c.checkpoint_ns AND x.channel = v.channel
-         AND x.version = v.version) b
-    CROSS JOIN LATERAL (
-        SELECT array_agg(x.task_id ORDER BY x.task_path COLLATE "C", x.task_id COLLATE "C", x.idx)
-                   AS task_ids,
-               array_agg(x.channel ORDER BY x.task_path COLLATE "C", x.task_id COLLATE "C", x.idx)
-                   AS channels,
-               array_agg(x.type ORDER BY x.task_path COLLATE "C", x.task_id COLLATE "C", x.idx)
-                   AS types,
-               array_agg(x.blob ORDER BY x.task_path COLLATE "C", x.task_id COLLATE "C", x.idx)
-                   AS blobs
-        FROM replaysafe.langgraph_writes x
-        WHERE x.tenant_id = c.tenant_id AND x.thread_id = c.thread_id
-          AND x.checkpoint_ns = c.checkpoint_ns AND x.checkpoint_id = c.checkpoint_id) w
-    ORDER BY c.ordinality
-$$;
-
 -- One checkpoint with its values and pending writes: p_checkpoint_id's, or the newest of the
 -- thread and namespace. No row when there is none.
 CREATE FUNCTION replaysafe.langgraph_get_tuple(
@@ -379,8 +346,6 @@ LANGUAGE plpgsql STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    v_row replaysafe.langgraph_checkpoints;
 BEGIN
     IF (octet_length(p_tenant_id) BETWEEN 1 AND 1024 AND length(p_tenant_id) <= 512
         AND octet_length(p_thread_id) BETWEEN 1 AND 1024 AND length(p_thread_id) <= 512
@@ -389,19 +354,65 @@ BEGIN
     END IF;
     PERFORM replaysafe._acts_for(p_tenant_id);
 
+    -- One statement each (no helper call: plpgsql keeps each plan).
     IF p_checkpoint_id IS NULL THEN
-        SELECT * INTO v_row FROM replaysafe.langgraph_checkpoints c
-        WHERE c.tenant_id = p_tenant_id AND c.thread_id = p_thread_id
-          AND c.checkpoint_ns = p_checkpoint_ns
-        ORDER BY c.checkpoint_id DESC
-        LIMIT 1;
+        RETURN QUERY
+        SELECT c.thread_id, c.checkpoint_ns, c.checkpoint_id::text, c.parent_checkpoint_id::text,
+               c.checkpoint, c.metadata, b.channels, b.types, b.blobs,
+               w.task_ids, w.channels, w.types, w.blobs
+        FROM (SELECT * FROM replaysafe.langgraph_checkpoints x
+              WHERE x.tenant_id = p_tenant_id AND x.thread_id = p_thread_id
+                AND x.checkpoint_ns = p_checkpoint_ns
+              ORDER BY x.checkpoint_id DESC
+              LIMIT 1) c
+        CROSS JOIN LATERAL (
+            SELECT array_agg(x.channel) AS channels, array_agg(x.type) AS types,
+                   array_agg(x.blob) AS blobs
+            FROM jsonb_each_text(c.checkpoint -> 'channel_versions') AS v(channel, version)
+            JOIN replaysafe.langgraph_blobs x
+              ON x.tenant_id = c.tenant_id AND x.thread_id = c.thread_id
+             AND x.checkpoint_ns = c.checkpoint_ns AND x.channel = v.channel
+             AND x.version = v.version) b
+        CROSS JOIN LATERAL (
+            SELECT array_agg(x.task_id ORDER BY x.task_path COLLATE "C", x.task_id COLLATE "C", x.idx)
+                       AS task_ids,
+                   array_agg(x.channel ORDER BY x.task_path COLLATE "C", x.task_id COLLATE "C", x.idx)
+                       AS channels,
+                   array_agg(x.type ORDER BY x.task_path COLLATE "C", x.task_id COLLATE "C", x.idx)
+                       AS types,
+                   array_agg(x.blob ORDER BY x.task_path COLLATE "C", x.task_id COLLATE "C", x.idx)
+                       AS blobs
+            FROM replaysafe.langgraph_writes x
+            WHERE x.tenant_id = c.tenant_id AND x.thread_id = c.thread_id
+              AND x.checkpoint_ns = c.checkpoint_ns AND x.checkpoint_id = c.checkpoint_id) w;
     ELSE
-        SELECT * INTO v_row FROM replaysafe.langgraph_checkpoints c
-        WHERE c.tenant_id = p_tenant_id AND c.thread_id = p_thread_id
-          AND c.checkpoint_ns = p_checkpoint_ns AND c.checkpoint_id = p_checkpoint_id;
-    END IF;
-    IF FOUND THEN
-        RETURN QUERY SELECT * FROM replaysafe._langgraph_records(ARRAY[v_row]);
+        RETURN QUERY
+        SELECT c.thread_id, c.checkpoint_ns, c.checkpoint_id::text, c.parent_checkpoint_id::text,
+               c.checkpoint, c.metadata, b.channels, b.types, b.blobs,
+               w.task_ids, w.channels, w.types, w.blobs
+        FROM (SELECT * FROM replaysafe.langgraph_checkpoints x
+              WHERE x.tenant_id = p_tenant_id AND x.thread_id = p_thread_id
+                AND x.checkpoint_ns = p_checkpoint_ns AND x.checkpoint_id = p_checkpoint_id) c
+        CROSS JOIN LATERAL (
+            SELECT array_agg(x.channel) AS channels, array_agg(x.type) AS types,
+                   array_agg(x.blob) AS blobs
+            FROM jsonb_each_text(c.checkpoint -> 'channel_versions') AS v(channel, version)
+            JOIN replaysafe.langgraph_blobs x
+              ON x.tenant_id = c.tenant_id AND x.thread_id = c.thread_id
+             AND x.checkpoint_ns = c.checkpoint_ns AND x.channel = v.channel
+             AND x.version = v.version) b
+        CROSS JOIN LATERAL (
+            SELECT array_agg(x.task_id ORDER BY x.task_path COLLATE "C", x.task_id COLLATE "C", x.idx)
+                       AS task_ids,
+                   array_agg(x.channel ORDER BY x.task_path COLLATE "C", x.task_id COLLATE "C", x.idx)
+                       AS channels,
+                   array_agg(x.type ORDER BY x.task_path COLLATE "C", x.task_id COLLATE "C", x.idx)
+                       AS types,
+                   array_agg(x.blob ORDER BY x.task_path COLLATE "C", x.task_id COLLATE "C", x.idx)
+                       AS blobs
+            FROM replaysafe.langgraph_writes x
+            WHERE x.tenant_id = c.tenant_id AND x.thread_id = c.thread_id
+              AND x.checkpoint_ns = c.checkpoint_ns AND x.checkpoint_id = c.checkpoint_id) w;
     END IF;
 END
 $$;
@@ -433,16 +444,40 @@ BEGIN
     END IF;
     PERFORM replaysafe._acts_for(p_tenant_id);
 
-    RETURN QUERY SELECT * FROM replaysafe._langgraph_records(ARRAY(
-        SELECT c FROM replaysafe.langgraph_checkpoints c
-        WHERE c.tenant_id = p_tenant_id
-          AND (p_thread_id IS NULL OR c.thread_id = p_thread_id)
-          AND (p_checkpoint_ns IS NULL OR c.checkpoint_ns = p_checkpoint_ns)
-          AND (p_checkpoint_id IS NULL OR c.checkpoint_id = p_checkpoint_id)
-          AND (p_filter IS NULL OR c.metadata @> p_filter)
-          AND (p_before IS NULL OR c.checkpoint_id < p_before COLLATE "C")
-        ORDER BY c.checkpoint_id DESC
-        LIMIT p_limit));
+    RETURN QUERY
+    SELECT c.thread_id, c.checkpoint_ns, c.checkpoint_id::text, c.parent_checkpoint_id::text,
+           c.checkpoint, c.metadata, b.channels, b.types, b.blobs,
+           w.task_ids, w.channels, w.types, w.blobs
+    FROM (SELECT * FROM replaysafe.langgraph_checkpoints x
+          WHERE x.tenant_id = p_tenant_id
+            AND (p_thread_id IS NULL OR x.thread_id = p_thread_id)
+            AND (p_checkpoint_ns IS NULL OR x.checkpoint_ns = p_checkpoint_ns)
+            AND (p_checkpoint_id IS NULL OR x.checkpoint_id = p_checkpoint_id)
+            AND (p_filter IS NULL OR x.metadata @> p_filter)
+            AND (p_before IS NULL OR x.checkpoint_id < p_before COLLATE "C")
+          ORDER BY x.checkpoint_id DESC
+          LIMIT p_limit) c
+    CROSS JOIN LATERAL (
+        SELECT array_agg(x.channel) AS channels, array_agg(x.type) AS types,
+               array_agg(x.blob) AS blobs
+        FROM jsonb_each_text(c.checkpoint -> 'channel_versions') AS v(channel, version)
+        JOIN replaysafe.langgraph_blobs x
+          ON x.tenant_id = c.tenant_id AND x.thread_id = c.thread_id
+         AND x.checkpoint_ns = c.checkpoint_ns AND x.channel = v.channel
+         AND x.version = v.version) b
+    CROSS JOIN LATERAL (
+        SELECT array_agg(x.task_id ORDER BY x.task_path COLLATE "C", x.task_id COLLATE "C", x.idx)
+                   AS task_ids,
+               array_agg(x.channel ORDER BY x.task_path COLLATE "C", x.task_id COLLATE "C", x.idx)
+                   AS channels,
+               array_agg(x.type ORDER BY x.task_path COLLATE "C", x.task_id COLLATE "C", x.idx)
+                   AS types,
+               array_agg(x.blob ORDER BY x.task_path COLLATE "C", x.task_id COLLATE "C", x.idx)
+                   AS blobs
+        FROM replaysafe.langgraph_writes x
+        WHERE x.tenant_id = c.tenant_id AND x.thread_id = c.thread_id
+          AND x.checkpoint_ns = c.checkpoint_ns AND x.checkpoint_id = c.checkpoint_id) w
+    ORDER BY c.checkpoint_id DESC;
 END
 $$;
 
