@@ -198,8 +198,13 @@ BEGIN
         AND octet_length(p_checkpoint_ns) <= 4096) IS NOT TRUE THEN
         PERFORM replaysafe._langgraph_check_args(p_tenant_id, p_thread_id, p_checkpoint_ns);
     END IF;
-    PERFORM replaysafe._check_id('p_checkpoint_id', p_checkpoint_id);
-    PERFORM replaysafe._check_id('p_parent_id', p_parent_id, true);
+    IF (octet_length(p_checkpoint_id) BETWEEN 1 AND 1024 AND length(p_checkpoint_id) <= 512
+        AND (p_parent_id IS NULL
+             OR (octet_length(p_parent_id) BETWEEN 1 AND 1024 AND length(p_parent_id) <= 512)))
+       IS NOT TRUE THEN
+        PERFORM replaysafe._check_id('p_checkpoint_id', p_checkpoint_id);
+        PERFORM replaysafe._check_id('p_parent_id', p_parent_id, true);
+    END IF;
     IF p_checkpoint IS NULL OR jsonb_typeof(p_checkpoint) <> 'object' THEN
         PERFORM replaysafe._invalid('p_checkpoint', 'must be a JSON object');
     END IF;
@@ -215,7 +220,15 @@ BEGIN
     END IF;
     PERFORM replaysafe._acts_for(p_tenant_id);
 
-    v_refused := replaysafe._langgraph_namespace(p_tenant_id, p_thread_id, p_checkpoint_ns, true);
+    -- The namespace's lock (inline: the common case, a namespace already written to).
+    SELECT n.refused INTO v_refused FROM replaysafe.langgraph_namespaces n
+    WHERE n.tenant_id = p_tenant_id AND n.thread_id = p_thread_id
+      AND n.checkpoint_ns = p_checkpoint_ns
+    FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        v_refused := replaysafe._langgraph_namespace(p_tenant_id, p_thread_id, p_checkpoint_ns,
+                                                     true);
+    END IF;
 
     IF p_metadata ->> 'source' IN ('input', 'loop') THEN
         SELECT c.checkpoint_id INTO v_head FROM replaysafe.langgraph_checkpoints c
