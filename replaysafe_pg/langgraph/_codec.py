@@ -27,7 +27,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from replaysafe_pg import queries
 from replaysafe_pg._args import text_id
-from replaysafe_pg.errors import StaleCheckpointError
+from replaysafe_pg.errors import InvalidArgument, StaleCheckpointError
 
 Row = tuple[Any, ...]
 PRUNE_STRATEGIES = ("keep_latest", "delete")
@@ -54,9 +54,16 @@ def _json(value: Any) -> str:
 class Codec:
     """The calls of one saver: tenant and serializer bound."""
 
-    def __init__(self, tenant_id: str, serde: SerializerProtocol) -> None:
+    def __init__(self, tenant_id: str, serde: SerializerProtocol,
+                 history_limit: int | None = None) -> None:
         self.tenant_id = text_id(tenant_id, "tenant_id")
         self.serde = serde
+        if history_limit is not None and (isinstance(history_limit, bool)
+                                          or not isinstance(history_limit, int)
+                                          or history_limit < 1):
+            raise InvalidArgument(f"history_limit must be a positive int or None, "
+                                  f"got {history_limit!r}")
+        self.history_limit = history_limit
 
     @staticmethod
     def query(name: str) -> LiteralString:
@@ -91,6 +98,7 @@ class Codec:
             "checkpoint": _json(stored),
             "metadata": _json(get_serializable_checkpoint_metadata(config, metadata)),
             "channels": channels, "versions": versions, "types": types, "blobs": blobs,
+            "history_limit": self.history_limit,
         }
         next_config: RunnableConfig = {"configurable": {
             "thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}}

@@ -36,9 +36,10 @@ class _Base(BaseCheckpointSaver[str]):
 
     _codec: Codec
 
-    def __init__(self, *, tenant_id: str, serde: SerializerProtocol | None) -> None:
+    def __init__(self, *, tenant_id: str, serde: SerializerProtocol | None,
+                 history_limit: int | None) -> None:
         super().__init__(serde=serde)
-        self._codec = Codec(tenant_id, self.serde)
+        self._codec = Codec(tenant_id, self.serde, history_limit)
 
     @property
     def tenant_id(self) -> str:
@@ -54,19 +55,23 @@ class ReplaysafeSaver(_Base):
     ``conninfo`` is a DSN (one autocommit connection, opened on first use), a psycopg
     connection or a psycopg_pool ``ConnectionPool``. The tables come with the project's
     migrations (``replaysafe-pg migrate``); :meth:`setup` only checks that they are there.
-    The async methods run the sync ones in a worker thread.
+    ``history_limit``: checkpoints kept per thread and namespace (None: all, as LangGraph's
+    savers do); each ``put`` deletes at most 4 of the oldest beyond it, so pruning work per
+    write is bounded. The async methods run the sync ones in a worker thread.
     """
 
     def __init__(self, conninfo: Conninfo, *, tenant_id: str = "default",
-                 serde: SerializerProtocol | None = None) -> None:
-        super().__init__(tenant_id=tenant_id, serde=serde)
+                 serde: SerializerProtocol | None = None,
+                 history_limit: int | None = None) -> None:
+        super().__init__(tenant_id=tenant_id, serde=serde, history_limit=history_limit)
         self._source = SyncSource(conninfo)
 
     @classmethod
     @contextlib.contextmanager
     def from_conn_string(cls, conn_string: str, *, tenant_id: str = "default",
-                         serde: SerializerProtocol | None = None) -> Iterator[ReplaysafeSaver]:
-        saver = cls(conn_string, tenant_id=tenant_id, serde=serde)
+                         serde: SerializerProtocol | None = None,
+                         history_limit: int | None = None) -> Iterator[ReplaysafeSaver]:
+        saver = cls(conn_string, tenant_id=tenant_id, serde=serde, history_limit=history_limit)
         try:
             yield saver
         finally:
@@ -168,8 +173,9 @@ class AsyncReplaysafeSaver(_Base):
     another thread than the event loop's (as LangGraph's sync API does with an async saver)."""
 
     def __init__(self, conninfo: AsyncConninfo, *, tenant_id: str = "default",
-                 serde: SerializerProtocol | None = None) -> None:
-        super().__init__(tenant_id=tenant_id, serde=serde)
+                 serde: SerializerProtocol | None = None,
+                 history_limit: int | None = None) -> None:
+        super().__init__(tenant_id=tenant_id, serde=serde, history_limit=history_limit)
         self._source = AsyncSource(conninfo)
         try:
             self.loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
@@ -180,8 +186,9 @@ class AsyncReplaysafeSaver(_Base):
     @contextlib.asynccontextmanager
     async def from_conn_string(cls, conn_string: str, *, tenant_id: str = "default",
                                serde: SerializerProtocol | None = None,
+                               history_limit: int | None = None,
                                ) -> AsyncIterator[AsyncReplaysafeSaver]:
-        saver = cls(conn_string, tenant_id=tenant_id, serde=serde)
+        saver = cls(conn_string, tenant_id=tenant_id, serde=serde, history_limit=history_limit)
         try:
             yield saver
         finally:

@@ -1669,7 +1669,7 @@ $$;
 -- its parent is not the newest checkpoint of the thread and namespace, or when it has no
 -- parent, is a run's first (step -1) and the namespace already has checkpoints; its pending
 -- writes are dropped, now and when they arrive later. Branching on purpose (source "fork" or
--- "update") is never refused.
+-- "update") is never refused. p_history_limit: checkpoints kept per thread and namespace.
 CREATE FUNCTION replaysafe.langgraph_put(
     p_tenant_id     text,
     p_thread_id     text,
@@ -1681,7 +1681,8 @@ CREATE FUNCTION replaysafe.langgraph_put(
     p_channels      text[]  DEFAULT '{}',
     p_versions      text[]  DEFAULT '{}',
     p_types         text[]  DEFAULT '{}',
-    p_blobs         bytea[] DEFAULT '{}')
+    p_blobs         bytea[] DEFAULT '{}',
+    p_history_limit integer DEFAULT NULL)
 RETURNS replaysafe.langgraph_put_record
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -1690,6 +1691,7 @@ AS $$
 DECLARE
     v_refused text[];
     v_head    text;
+    v_old     record;
     r         replaysafe.langgraph_put_record;
 BEGIN
     IF (octet_length(p_tenant_id) BETWEEN 1 AND 1024 AND length(p_tenant_id) <= 512
@@ -1716,6 +1718,10 @@ BEGIN
        OR cardinality(p_blobs) <> cardinality(p_channels) THEN
         PERFORM replaysafe._invalid('p_channels',
             'p_channels, p_versions, p_types and p_blobs must be arrays of one length');
+    END IF;
+    IF p_history_limit < 1 THEN
+        PERFORM replaysafe._invalid('p_history_limit',
+            'must be a positive number of checkpoints (got ' || p_history_limit || ')');
     END IF;
     PERFORM replaysafe._acts_for(p_tenant_id);
 
@@ -1768,6 +1774,35 @@ BEGIN
             p_metadata ->> 'run_id', p_checkpoint, p_metadata, clock_timestamp())
     ON CONFLICT (tenant_id, thread_id, checkpoint_ns, checkpoint_id) DO UPDATE
     SET checkpoint = excluded.checkpoint, metadata = excluded.metadata, run_id = excluded.run_id;
+
+    -- With a history limit, the oldest checkpoints beyond it go (at most 4 per write, so the
+    -- work per write stays bounded; a lowered limit is reached over a few writes), with their
+    -- pending writes and the values no kept checkpoint uses (looked up among the kept ones).
+    IF p_history_limit IS NOT NULL THEN
+        FOR v_old IN SELECT c.checkpoint_id, c.checkpoint -> 'channel_versions' AS versions
+                     FROM replaysafe.langgraph_checkpoints c
+                     WHERE c.tenant_id = p_tenant_id AND c.thread_id = p_thread_id
+                       AND c.checkpoint_ns = p_checkpoint_ns
+                     ORDER BY c.checkpoint_id DESC
+                     OFFSET p_history_limit LIMIT 4 LOOP
+            DELETE FROM replaysafe.langgraph_checkpoints c
+            WHERE c.tenant_id = p_tenant_id AND c.thread_id = p_thread_id
+              AND c.checkpoint_ns = p_checkpoint_ns AND c.checkpoint_id = v_old.checkpoint_id;
+            DELETE FROM replaysafe.langgraph_writes w
+            WHERE w.tenant_id = p_tenant_id AND w.thread_id = p_thread_id
+              AND w.checkpoint_ns = p_checkpoint_ns AND w.checkpoint_id = v_old.checkpoint_id;
+            DELETE FROM replaysafe.langgraph_blobs b
+            USING jsonb_each_text(coalesce(v_old.versions, '{}')) AS v(channel, version)
+            WHERE b.tenant_id = p_tenant_id AND b.thread_id = p_thread_id
+              AND b.checkpoint_ns = p_checkpoint_ns AND b.channel = v.channel
+              AND b.version = v.version
+              AND NOT EXISTS (
+                  SELECT 1 FROM replaysafe.langgraph_checkpoints k
+                  WHERE k.tenant_id = p_tenant_id AND k.thread_id = p_thread_id
+                    AND k.checkpoint_ns = p_checkpoint_ns
+                    AND (k.checkpoint -> 'channel_versions') ->> v.channel = v.version);
+        END LOOP;
+    END IF;
     r.stored := true;
     r.head_checkpoint_id := greatest(v_head COLLATE "C", p_checkpoint_id COLLATE "C");
     RETURN r;
@@ -2240,7 +2275,7 @@ BEGIN
             replaysafe.multi_effect_actions, replaysafe.threads_v
         TO replaysafe_worker;
         -- LangGraph checkpoints (replaysafe_pg.langgraph).
-        GRANT EXECUTE ON FUNCTION replaysafe.langgraph_put(text, text, text, text, text, jsonb, jsonb, text[], text[], text[], bytea[]) TO replaysafe_worker;
+        GRANT EXECUTE ON FUNCTION replaysafe.langgraph_put(text, text, text, text, text, jsonb, jsonb, text[], text[], text[], bytea[], integer) TO replaysafe_worker;
         GRANT EXECUTE ON FUNCTION replaysafe.langgraph_put_writes(text, text, text, text, text, text, integer[], text[], text[], bytea[], boolean) TO replaysafe_worker;
         GRANT EXECUTE ON FUNCTION replaysafe.langgraph_get_tuple(text, text, text, text) TO replaysafe_worker;
         GRANT EXECUTE ON FUNCTION replaysafe.langgraph_list(text, text, text, text, jsonb, text, integer) TO replaysafe_worker;

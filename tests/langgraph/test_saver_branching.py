@@ -125,3 +125,40 @@ def test_one_run_at_a_time_works_with_every_durability(dsn: str, durability: str
         for runner in ("x", "y", "z"):
             graph.invoke({"log": []}, cfg(t, runner), durability=durability)
         assert graph.get_state(cfg(t)).values["log"] == [f"{r}:{n}" for r in "xyz" for n in NODES]
+
+
+def test_a_history_limit_prunes_a_bounded_amount_per_write(dsn: str) -> None:
+    import psycopg
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    def counts() -> tuple[int, int, int]:
+        with psycopg.connect(dsn, autocommit=True) as c:
+            row = c.execute("SELECT (SELECT count(*) FROM replaysafe.langgraph_checkpoints), "
+                            "(SELECT count(*) FROM replaysafe.langgraph_blobs), "
+                            "(SELECT count(*) FROM replaysafe.langgraph_writes)").fetchone()
+        assert row is not None
+        return row[0], row[1], row[2]
+
+    def put_many(saver: ReplaysafeSaver, config: Any, n: int) -> Any:
+        for _ in range(n):
+            version = saver.get_next_version(None)
+            cp = empty_checkpoint()
+            # "fixed" keeps one version throughout: its value must outlive every prune.
+            cp["channel_values"] = {"fixed": "kept", "step": version}
+            cp["channel_versions"] = {"fixed": "1", "step": version}
+            new = {"step": version} if config["configurable"].get("checkpoint_id") else \
+                {"fixed": "1", "step": version}
+            config = saver.put(config, cp, {"source": "loop", "step": 1}, new)
+            saver.put_writes(config, [("step", 1)], "task")
+        return config
+
+    with ReplaysafeSaver(dsn, tenant_id="t1", history_limit=5) as saver:
+        config = put_many(saver, {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}, 12)
+        assert counts() == (5, 6, 5)  # 5 checkpoints, their 5 "step" values + "fixed", 5 writes
+        kept = list(saver.list({"configurable": {"thread_id": "t"}}))
+        assert all(t.checkpoint["channel_values"]["fixed"] == "kept" for t in kept)
+    with ReplaysafeSaver(dsn, tenant_id="t1", history_limit=1) as saver:
+        config = put_many(saver, config, 1)
+        assert counts()[0] == 2  # 6 beyond the new limit, at most 4 deleted per write
+        put_many(saver, config, 1)
+        assert counts() == (1, 2, 1)

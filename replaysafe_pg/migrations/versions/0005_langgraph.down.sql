@@ -1,5 +1,5 @@
 -- Downgrade of 0005_langgraph.
-DROP FUNCTION replaysafe.langgraph_put(text, text, text, text, text, jsonb, jsonb, text[], text[], text[], bytea[]);
+DROP FUNCTION replaysafe.langgraph_put(text, text, text, text, text, jsonb, jsonb, text[], text[], text[], bytea[], integer);
 DROP FUNCTION replaysafe.langgraph_put_writes(text, text, text, text, text, text, integer[], text[], text[], bytea[], boolean);
 DROP FUNCTION replaysafe.langgraph_get_tuple(text, text, text, text);
 DROP FUNCTION replaysafe.langgraph_list(text, text, text, text, jsonb, text, integer);
