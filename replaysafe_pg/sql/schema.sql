@@ -1913,13 +1913,17 @@ BEGIN
               ORDER BY x.checkpoint_id DESC
               LIMIT 1) c
         CROSS JOIN LATERAL (
-            SELECT array_agg(x.channel) AS channels, array_agg(x.type) AS types,
+            SELECT array_agg(v.channel) AS channels, array_agg(x.type) AS types,
                    array_agg(x.blob) AS blobs
             FROM jsonb_each_text(c.checkpoint -> 'channel_versions') AS v(channel, version)
-            JOIN replaysafe.langgraph_blobs x
-              ON x.tenant_id = c.tenant_id AND x.thread_id = c.thread_id
-             AND x.checkpoint_ns = c.checkpoint_ns AND x.channel = v.channel
-             AND x.version = v.version) b
+            -- One primary-key lookup per channel (LIMIT keeps the planner from turning this
+            -- into a scan of every value the thread ever stored).
+            CROSS JOIN LATERAL (
+                SELECT y.type, y.blob FROM replaysafe.langgraph_blobs y
+                WHERE y.tenant_id = c.tenant_id AND y.thread_id = c.thread_id
+                  AND y.checkpoint_ns = c.checkpoint_ns AND y.channel = v.channel
+                  AND y.version = v.version
+                LIMIT 1) x) b
         CROSS JOIN LATERAL (
             SELECT array_agg(x.task_id ORDER BY x.task_path COLLATE "C", x.task_id COLLATE "C", x.idx)
                        AS task_ids,
@@ -1941,13 +1945,17 @@ BEGIN
               WHERE x.tenant_id = p_tenant_id AND x.thread_id = p_thread_id
                 AND x.checkpoint_ns = p_checkpoint_ns AND x.checkpoint_id = p_checkpoint_id) c
         CROSS JOIN LATERAL (
-            SELECT array_agg(x.channel) AS channels, array_agg(x.type) AS types,
+            SELECT array_agg(v.channel) AS channels, array_agg(x.type) AS types,
                    array_agg(x.blob) AS blobs
             FROM jsonb_each_text(c.checkpoint -> 'channel_versions') AS v(channel, version)
-            JOIN replaysafe.langgraph_blobs x
-              ON x.tenant_id = c.tenant_id AND x.thread_id = c.thread_id
-             AND x.checkpoint_ns = c.checkpoint_ns AND x.channel = v.channel
-             AND x.version = v.version) b
+            -- One primary-key lookup per channel (LIMIT keeps the planner from turning this
+            -- into a scan of every value the thread ever stored).
+            CROSS JOIN LATERAL (
+                SELECT y.type, y.blob FROM replaysafe.langgraph_blobs y
+                WHERE y.tenant_id = c.tenant_id AND y.thread_id = c.thread_id
+                  AND y.checkpoint_ns = c.checkpoint_ns AND y.channel = v.channel
+                  AND y.version = v.version
+                LIMIT 1) x) b
         CROSS JOIN LATERAL (
             SELECT array_agg(x.task_id ORDER BY x.task_path COLLATE "C", x.task_id COLLATE "C", x.idx)
                        AS task_ids,
@@ -2005,13 +2013,17 @@ BEGIN
           ORDER BY x.checkpoint_id DESC
           LIMIT p_limit) c
     CROSS JOIN LATERAL (
-        SELECT array_agg(x.channel) AS channels, array_agg(x.type) AS types,
+        SELECT array_agg(v.channel) AS channels, array_agg(x.type) AS types,
                array_agg(x.blob) AS blobs
         FROM jsonb_each_text(c.checkpoint -> 'channel_versions') AS v(channel, version)
-        JOIN replaysafe.langgraph_blobs x
-          ON x.tenant_id = c.tenant_id AND x.thread_id = c.thread_id
-         AND x.checkpoint_ns = c.checkpoint_ns AND x.channel = v.channel
-         AND x.version = v.version) b
+        -- One primary-key lookup per channel (LIMIT keeps the planner from turning this
+        -- into a scan of every value the thread ever stored).
+        CROSS JOIN LATERAL (
+            SELECT y.type, y.blob FROM replaysafe.langgraph_blobs y
+            WHERE y.tenant_id = c.tenant_id AND y.thread_id = c.thread_id
+              AND y.checkpoint_ns = c.checkpoint_ns AND y.channel = v.channel
+              AND y.version = v.version
+            LIMIT 1) x) b
     CROSS JOIN LATERAL (
         SELECT array_agg(x.task_id ORDER BY x.task_path COLLATE "C", x.task_id COLLATE "C", x.idx)
                    AS task_ids,
