@@ -671,3 +671,51 @@ def test_run_loop_checkpoints_cannot_fork_a_thread_by_their_parent(world: str,
         assert sqlstate(w, PUT, put_params(ns=None, md=loop, parent=head[0])) == "RS005"
         assert w.execute("SELECT count(*) FROM replaysafe.langgraph_list(p_tenant_id => 'A', "
                          "p_thread_id => 't')").fetchone() == (1,)
+
+
+def test_doctor_notices_langgraph_privileges_and_rls_given_by_hand(dsn: str) -> None:
+    from helpers.cli import run
+
+    assert run("doctor", dsn=dsn).exit_code == 0
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("GRANT EXECUTE ON FUNCTION replaysafe.langgraph_list(text, text, text, "
+                     "text, jsonb, text, integer) TO replaysafe_auditor")
+        conn.execute("GRANT SELECT ON replaysafe.langgraph_blobs TO replaysafe_worker")
+        conn.execute("ALTER TABLE replaysafe.langgraph_writes DISABLE ROW LEVEL SECURITY")
+    result = run("doctor", dsn=dsn)
+    assert result.exit_code == 1
+    assert "replaysafe.langgraph_list(" in result.stdout and "to replaysafe_auditor" in result.stdout
+    assert "SELECT on table langgraph_blobs to replaysafe_worker" in result.stdout
+    assert "row-level security on langgraph_writes: DISABLED" in result.stdout
+
+
+# =============================================================================================
+# FINDING 7 (low): delete_thread (and prune "delete") is not atomic against a put in flight: it
+# takes no namespace lock first, so a checkpoint committed by a concurrent put (its rows not
+# yet visible to the DELETEs) survives a delete_thread that returned. A "deleted" thread then
+# comes back with state from before the deletion.
+# =============================================================================================
+
+@pytest.mark.parametrize("how", ["delete_thread", "prune_delete"])
+def test_finding_delete_thread_leaves_nothing_of_a_put_in_flight(world: str, how: str) -> None:
+    head = empty_checkpoint()
+    body = json.dumps({k: v for k, v in head.items() if k != "channel_values"})
+    with psycopg.connect(world) as writer:  # an open transaction: the put in flight
+        writer.execute(PUT, put_params(thread="t", id=head["id"], cp=body))
+        result: list[Any] = []
+        call = ("SELECT replaysafe.langgraph_delete_thread(p_tenant_id => 'A', p_thread_id => 't')"
+                if how == "delete_thread" else
+                "SELECT replaysafe.langgraph_prune(p_tenant_id => 'A', p_thread_ids => ARRAY['t'], "
+                "p_strategy => 'delete')")
+
+        def delete() -> None:
+            with psycopg.connect(world, autocommit=True) as c:
+                result.append(c.execute(call).fetchone())
+
+        deleter = threading.Thread(target=delete)
+        deleter.start()
+        time.sleep(0.5)  # the delete now waits on the namespace row the put holds
+        writer.commit()
+    deleter.join(10)
+    assert result, "delete did not return"
+    assert counts(world, "A") == (0, 0, 0, 0)
