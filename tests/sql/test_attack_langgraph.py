@@ -719,3 +719,52 @@ def test_finding_delete_thread_leaves_nothing_of_a_put_in_flight(world: str, how
     deleter.join(10)
     assert result, "delete did not return"
     assert counts(world, "A") == (0, 0, 0, 0)
+
+
+SRO_BAIT = """
+CREATE TABLE public.loot (what text, got text);
+GRANT INSERT ON public.loot TO PUBLIC;
+CREATE FUNCTION public.steal() RETURNS int LANGUAGE plpgsql AS $f$
+DECLARE n int;
+BEGIN
+    BEGIN
+        SELECT count(*) INTO n FROM replaysafe.langgraph_list(p_tenant_id => 'B');
+        INSERT INTO public.loot VALUES ('list', n::text);
+    EXCEPTION WHEN others THEN INSERT INTO public.loot VALUES ('list', 'refused ' || SQLSTATE);
+    END;
+    BEGIN
+        PERFORM replaysafe.langgraph_delete_thread(p_tenant_id => 'B', p_thread_id => 'secret');
+        INSERT INTO public.loot VALUES ('delete', 'done');
+    EXCEPTION WHEN others THEN INSERT INTO public.loot VALUES ('delete', 'refused ' || SQLSTATE);
+    END;
+    RETURN 1;
+END $f$;
+CREATE FUNCTION public.idx_f(int) RETURNS int LANGUAGE plpgsql IMMUTABLE AS
+    $f$ BEGIN IF $1 = 0 THEN PERFORM public.steal(); END IF; RETURN $1; END $f$;
+CREATE TABLE public.bait (i int);
+INSERT INTO public.bait VALUES (1), (0);
+"""
+
+
+def test_a_workers_index_expression_in_tenant_bs_analyze_reaches_no_checkpoint(
+        world: str, make_role: MakeRole) -> None:
+    attacker = login(world, make_role, "A")
+    victim = login(world, make_role, "B")
+    with psycopg.connect(world, autocommit=True) as owner:
+        owner.execute(f'GRANT CREATE ON SCHEMA public TO "{attacker}"')
+    before = counts(world, "B")
+    try:
+        with connect_as(world, attacker) as c:
+            c.execute(SRO_BAIT)
+            c.execute("CREATE INDEX bait_idx ON public.bait (public.idx_f(i))")
+            c.execute("DELETE FROM public.loot")
+            c.execute("GRANT MAINTAIN ON public.bait TO PUBLIC")
+        with connect_as(world, victim) as c:
+            c.execute("ANALYZE public.bait")
+        with psycopg.connect(world, autocommit=True) as owner:
+            loot = set(owner.execute("SELECT what, got FROM public.loot").fetchall())
+        assert loot == {("list", "refused RS004"), ("delete", "refused RS004")}, loot
+        assert counts(world, "B") == before
+    finally:
+        with psycopg.connect(world, autocommit=True) as owner:
+            owner.execute(f'DROP OWNED BY "{attacker}" CASCADE')
