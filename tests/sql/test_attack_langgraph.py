@@ -768,3 +768,36 @@ def test_a_workers_index_expression_in_tenant_bs_analyze_reaches_no_checkpoint(
     finally:
         with psycopg.connect(world, autocommit=True) as owner:
             owner.execute(f'DROP OWNED BY "{attacker}" CASCADE')
+
+
+# =============================================================================================
+# FINDING 8 (low): delete_for_runs collects values without the namespace lock. A put in flight
+# whose checkpoint keeps a channel at a version stored by an earlier checkpoint (LangGraph
+# sends only new versions) is not yet visible to the collection, which deletes that value:
+# once the put commits, its checkpoint has lost the channel (get_tuple silently omits it).
+# =============================================================================================
+
+def test_finding_delete_for_runs_never_drops_a_value_a_put_in_flight_uses(world: str) -> None:
+    config = {"configurable": {"thread_id": "runs", "checkpoint_ns": ""}}
+    with ReplaysafeSaver(world, tenant_id="A") as saver:
+        first = empty_checkpoint()
+        first["channel_values"] = {"kept": "value of run r1"}
+        first["channel_versions"] = {"kept": saver.get_next_version(None)}
+        c1 = saver.put(config, first, {"source": "input", "step": -1, "run_id": "r1"},
+                       first["channel_versions"])
+    third = empty_checkpoint()
+    third["channel_versions"] = dict(first["channel_versions"])  # unchanged channel
+    body = json.dumps({k: v for k, v in third.items() if k != "channel_values"})
+    with psycopg.connect(world) as writer:  # run r3's put, in flight
+        writer.execute(PUT, put_params(thread="runs", id=third["id"],
+                                       parent=c1["configurable"]["checkpoint_id"], cp=body,
+                                       md=json.dumps({"source": "loop", "step": 0,
+                                                      "run_id": "r3"})))
+        with psycopg.connect(world, autocommit=True) as other:  # rolls back run r1
+            other.execute("SELECT replaysafe.langgraph_delete_for_runs(p_tenant_id => 'A', "
+                          "p_run_ids => ARRAY['r1'])")
+        writer.commit()
+    with ReplaysafeSaver(world, tenant_id="A") as saver:
+        found = saver.get_tuple(config)
+    assert found is not None and found.checkpoint["id"] == third["id"]
+    assert found.checkpoint["channel_values"] == {"kept": "value of run r1"}
