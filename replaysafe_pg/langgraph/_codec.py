@@ -8,6 +8,7 @@ once per channel version (the versions a checkpoint brings are ``new_versions``)
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 from collections.abc import Sequence
@@ -24,6 +25,7 @@ from langgraph.checkpoint.base import (
     get_serializable_checkpoint_metadata,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from replaysafe_pg import queries
 from replaysafe_pg._args import text_id
@@ -46,6 +48,19 @@ def next_version(current: str | int | float | None) -> str:
     return f"{n + 1:032}.{random.random():016}"
 
 
+def strict_serde() -> JsonPlusSerializer:
+    """The savers' default serializer: LangGraph's, in strict mode (a msgpack value may name
+    only LangGraph's safe types and those the graph allows through ``with_allowlist``; any
+    other is returned as its raw data, never imported and called)."""
+    return JsonPlusSerializer(allowed_msgpack_modules=None)
+
+
+PICKLE_REFUSED = (
+    "refusing to {what} a value of type tag 'pickle': whoever can write this tenant's "
+    "checkpoints (any of its workers) could run code in every process that loads it; build "
+    "the saver with allow_pickle=True only if every writer of the tenant is trusted")
+
+
 def _json(value: Any) -> str:
     # Postgres refuses \u0000 in jsonb; LangGraph's own metadata helper strips it likewise.
     return json.dumps(value, separators=(",", ":"), default=str)
@@ -55,15 +70,34 @@ class Codec:
     """The calls of one saver: tenant and serializer bound."""
 
     def __init__(self, tenant_id: str, serde: SerializerProtocol,
-                 history_limit: int | None = None) -> None:
+                 history_limit: int | None = None, *, allow_pickle: bool = False) -> None:
         self.tenant_id = text_id(tenant_id, "tenant_id")
         self.serde = serde
+        self.allow_pickle = allow_pickle is True
         if history_limit is not None and (isinstance(history_limit, bool)
                                           or not isinstance(history_limit, int)
                                           or history_limit < 1):
             raise InvalidArgument(f"history_limit must be a positive int or None, "
                                   f"got {history_limit!r}")
         self.history_limit = history_limit
+
+    def with_serde(self, serde: SerializerProtocol) -> Codec:
+        """The same calls with another serializer (``with_allowlist``'s copy of a saver)."""
+        clone = copy.copy(self)
+        clone.serde = serde
+        return clone
+
+    def dumps(self, value: Any) -> tuple[str, bytes]:
+        type_, blob = self.serde.dumps_typed(value)
+        if type_ == "pickle" and not self.allow_pickle:
+            raise InvalidArgument(PICKLE_REFUSED.format(what="store"))
+        return type_, blob
+
+    def loads(self, type_: str, blob: bytes) -> Any:
+        # The type tag comes from the database: a worker of the tenant may have written it.
+        if type_ == "pickle" and not self.allow_pickle:
+            raise InvalidArgument(PICKLE_REFUSED.format(what="load"))
+        return self.serde.loads_typed((type_, blob))
 
     @staticmethod
     def query(name: str) -> LiteralString:
@@ -86,7 +120,7 @@ class Codec:
             channels.append(channel)
             versions.append(str(version))
             if channel in values:
-                type_, blob = self.serde.dumps_typed(values[channel])
+                type_, blob = self.dumps(values[channel])
                 types.append(type_)
                 blobs.append(blob)
             else:
@@ -132,7 +166,7 @@ class Codec:
         for i, (channel, value) in enumerate(writes):
             idx.append(WRITES_IDX_MAP.get(channel, i))
             channels.append(channel)
-            type_, blob = self.serde.dumps_typed(value)
+            type_, blob = self.dumps(value)
             types.append(type_)
             blobs.append(blob)
         return {
@@ -169,11 +203,11 @@ class Codec:
     def tuple(self, row: Row) -> CheckpointTuple:
         (thread_id, ns, checkpoint_id, parent_id, checkpoint, metadata, channels, types, blobs,
          w_tasks, w_channels, w_types, w_blobs) = row
-        loads = self.serde.loads_typed
+        loads = self.loads
         checkpoint["channel_values"] = {
-            c: loads((t, b)) for c, t, b in zip(channels or (), types or (), blobs or (), strict=True)
+            c: loads(t, b) for c, t, b in zip(channels or (), types or (), blobs or (), strict=True)
             if t != "empty"}
-        writes = [(task, c, loads((t, b))) for task, c, t, b
+        writes = [(task, c, loads(t, b)) for task, c, t, b
                   in zip(w_tasks or (), w_channels or (), w_types or (), w_blobs or (), strict=True)]
         return CheckpointTuple(
             config={"configurable": {"thread_id": thread_id, "checkpoint_ns": ns,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Collection, Iterator, Sequence
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
@@ -26,7 +26,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from replaysafe_pg._conn import AsyncConninfo, AsyncSource, Conninfo, SyncSource
-from replaysafe_pg.langgraph._codec import Codec, next_version
+from replaysafe_pg.langgraph._codec import Codec, next_version, strict_serde
 
 __all__ = ["AsyncReplaysafeSaver", "ReplaysafeSaver"]
 
@@ -37,9 +37,19 @@ class _Base(BaseCheckpointSaver[str]):
     _codec: Codec
 
     def __init__(self, *, tenant_id: str, serde: SerializerProtocol | None,
-                 history_limit: int | None) -> None:
-        super().__init__(serde=serde)
-        self._codec = Codec(tenant_id, self.serde, history_limit)
+                 history_limit: int | None, allow_pickle: bool) -> None:
+        super().__init__(serde=serde if serde is not None else strict_serde())
+        self._codec = Codec(tenant_id, self.serde, history_limit, allow_pickle=allow_pickle)
+
+    def with_allowlist(self, extra_allowlist: Collection[tuple[str, ...]]
+                       ) -> BaseCheckpointSaver[str]:
+        """LangGraph's strict mode (``LANGGRAPH_STRICT_MSGPACK=true``): ``compile()`` allows
+        the graph's own state types through a copy of the saver; its calls use that copy's
+        serializer."""
+        clone = super().with_allowlist(extra_allowlist)
+        if clone is not self and isinstance(clone, _Base):
+            clone._codec = self._codec.with_serde(clone.serde)
+        return clone
 
     @property
     def tenant_id(self) -> str:
@@ -58,20 +68,29 @@ class ReplaysafeSaver(_Base):
     ``history_limit``: checkpoints kept per thread and namespace (None: all, as LangGraph's
     savers do); each ``put`` deletes at most 4 of the oldest beyond it, so pruning work per
     write is bounded. The async methods run the sync ones in a worker thread.
+
+    ``serde``: LangGraph's serializer in strict mode by default (a stored value may name only
+    LangGraph's safe types and the graph's own state types, never an arbitrary callable).
+    ``allow_pickle``: DANGEROUS; load (and store) values of type tag ``pickle``, as
+    ``JsonPlusSerializer(pickle_fallback=True)`` writes them: any writer of the tenant's
+    checkpoints can then run code in every process that loads them. Refused by default.
     """
 
     def __init__(self, conninfo: Conninfo, *, tenant_id: str = "default",
                  serde: SerializerProtocol | None = None,
-                 history_limit: int | None = None) -> None:
-        super().__init__(tenant_id=tenant_id, serde=serde, history_limit=history_limit)
+                 history_limit: int | None = None, allow_pickle: bool = False) -> None:
+        super().__init__(tenant_id=tenant_id, serde=serde, history_limit=history_limit,
+                         allow_pickle=allow_pickle)
         self._source = SyncSource(conninfo)
 
     @classmethod
     @contextlib.contextmanager
     def from_conn_string(cls, conn_string: str, *, tenant_id: str = "default",
                          serde: SerializerProtocol | None = None,
-                         history_limit: int | None = None) -> Iterator[ReplaysafeSaver]:
-        saver = cls(conn_string, tenant_id=tenant_id, serde=serde, history_limit=history_limit)
+                         history_limit: int | None = None,
+                         allow_pickle: bool = False) -> Iterator[ReplaysafeSaver]:
+        saver = cls(conn_string, tenant_id=tenant_id, serde=serde, history_limit=history_limit,
+                    allow_pickle=allow_pickle)
         try:
             yield saver
         finally:
@@ -174,8 +193,9 @@ class AsyncReplaysafeSaver(_Base):
 
     def __init__(self, conninfo: AsyncConninfo, *, tenant_id: str = "default",
                  serde: SerializerProtocol | None = None,
-                 history_limit: int | None = None) -> None:
-        super().__init__(tenant_id=tenant_id, serde=serde, history_limit=history_limit)
+                 history_limit: int | None = None, allow_pickle: bool = False) -> None:
+        super().__init__(tenant_id=tenant_id, serde=serde, history_limit=history_limit,
+                         allow_pickle=allow_pickle)
         self._source = AsyncSource(conninfo)
         try:
             self.loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
@@ -186,9 +206,10 @@ class AsyncReplaysafeSaver(_Base):
     @contextlib.asynccontextmanager
     async def from_conn_string(cls, conn_string: str, *, tenant_id: str = "default",
                                serde: SerializerProtocol | None = None,
-                               history_limit: int | None = None,
+                               history_limit: int | None = None, allow_pickle: bool = False,
                                ) -> AsyncIterator[AsyncReplaysafeSaver]:
-        saver = cls(conn_string, tenant_id=tenant_id, serde=serde, history_limit=history_limit)
+        saver = cls(conn_string, tenant_id=tenant_id, serde=serde, history_limit=history_limit,
+                    allow_pickle=allow_pickle)
         try:
             yield saver
         finally:

@@ -123,7 +123,8 @@ def login(dsn: str, make_role: MakeRole, tenant: str | None, group: str = "repla
 
 
 # =============================================================================================
-# FINDING 1 (high): a worker's crafted blob runs code in every process that loads the
+# FINDING 1 (high, fixed: strict serializer by default, pickle tags refused unless
+# allow_pickle=True): a worker's crafted blob runs code in every process that loads the
 # checkpoint. The saver hands the type tag and bytes it reads back to LangGraph's default
 # JsonPlusSerializer, whose msgpack ext hook (permissive unless LANGGRAPH_STRICT_MSGPACK=true)
 # imports any module and calls any attribute: ("builtins", "exec", "<code>").
@@ -156,7 +157,7 @@ def plant_blob(worker: Conn, where: str, type_: str, blob: bytes) -> None:
 
 
 @pytest.mark.parametrize("where", ["value", "pending_write"])
-def test_finding_a_workers_crafted_blob_runs_no_code_where_the_checkpoint_is_loaded(
+def test_a_workers_crafted_blob_runs_no_code_where_the_checkpoint_is_loaded(
         world: str, make_role: MakeRole, tmp_path: Path, where: str) -> None:
     marker = tmp_path / "pwned"
     attacker = login(world, make_role, "A")
@@ -174,7 +175,7 @@ def test_finding_a_workers_crafted_blob_runs_no_code_where_the_checkpoint_is_loa
     assert not marker.exists(), "the worker's blob ran code in the loading process"
 
 
-def test_finding_a_pickle_type_tag_from_the_database_is_not_trusted(
+def test_a_pickle_type_tag_from_the_database_is_not_trusted(
         world: str, make_role: MakeRole, tmp_path: Path) -> None:
     """With LangGraph's documented pickle_fallback=True (for values msgpack cannot encode),
     the type tag "pickle" a worker writes is pickle.loads()-ed by every reader."""
@@ -195,6 +196,25 @@ def test_finding_a_pickle_type_tag_from_the_database_is_not_trusted(
     assert not marker.exists(), "a pickle written by a worker ran in the loading process"
 
 
+def test_allow_pickle_opts_in_to_pickled_values(dsn: str) -> None:
+    """The way back for trusted writers: allow_pickle=True stores and loads a value only
+    pickle can encode; without it the same value is refused at the write, nothing stored."""
+    config = {"configurable": {"thread_id": "pickled", "checkpoint_ns": ""}}
+    cp = empty_checkpoint()
+    cp["channel_values"] = {"v": types.SimpleNamespace(x=1)}  # msgpack cannot encode it
+    cp["channel_versions"] = {"v": "1"}
+    md = {"source": "update", "step": 0}
+    serde = JsonPlusSerializer(pickle_fallback=True)
+    with ReplaysafeSaver(dsn, tenant_id="A", serde=serde) as refusing:
+        with pytest.raises(ValueError, match="allow_pickle"):
+            refusing.put(config, cp, md, cp["channel_versions"])
+        assert refusing.get_tuple(config) is None
+    with ReplaysafeSaver(dsn, tenant_id="A", serde=serde, allow_pickle=True) as trusting:
+        trusting.put(config, cp, md, cp["channel_versions"])
+        found = trusting.get_tuple(config)
+    assert found is not None and found.checkpoint["channel_values"]["v"].x == 1
+
+
 def test_a_strict_serializer_runs_no_code_from_a_crafted_blob(
         world: str, make_role: MakeRole, tmp_path: Path) -> None:
     """The way out of finding 1 works with this saver: a strict JsonPlusSerializer (no
@@ -212,7 +232,8 @@ def test_a_strict_serializer_runs_no_code_from_a_crafted_blob(
 
 
 # =============================================================================================
-# FINDING 2 (medium): LangGraph's own hardening is lost. With LANGGRAPH_STRICT_MSGPACK=true,
+# FINDING 2 (medium, fixed: the savers override with_allowlist): LangGraph's own hardening
+# was lost. With LANGGRAPH_STRICT_MSGPACK=true,
 # compile() derives an allowlist from the graph's state types and installs it with
 # checkpointer.with_allowlist(), a shallow copy with a new .serde; the saver's Codec keeps
 # the serializer it was built with, so the graph's own state types come back as raw data.
@@ -249,7 +270,7 @@ STRICT_SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_finding_langgraphs_strict_msgpack_allowlist_reaches_the_saver(dsn: str) -> None:
+def test_langgraphs_strict_msgpack_allowlist_reaches_the_saver(dsn: str) -> None:
     env = {**os.environ, "LANGGRAPH_STRICT_MSGPACK": "true",
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, "-c", STRICT_SCRIPT, dsn], env=env,
