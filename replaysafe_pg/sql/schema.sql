@@ -1504,9 +1504,11 @@ $$;
 -- ---------------------------------------------------------------------------------------
 -- LangGraph checkpoints (replaysafe_pg.langgraph, docs/langgraph.md): one function per
 -- method of a LangGraph checkpointer. Channel values are stored once per (channel, version)
--- in langgraph_blobs; a checkpoint row holds the rest. A checkpoint written by the run loop
--- (metadata source "input" or "loop") whose parent is no longer the newest checkpoint of its
--- thread and namespace is refused: two runs on one thread cannot fork it silently.
+-- in langgraph_blobs; a checkpoint row holds the rest. The newest checkpoint of a thread and
+-- namespace (its head) is the one put stored last, kept on its langgraph_namespaces row (not
+-- the greatest id: an id made on a host whose clock lags sorts below its parent). A
+-- checkpoint written by the run loop (metadata source "input" or "loop") whose parent is not
+-- the head is refused: two runs on one thread cannot fork it silently.
 -- ---------------------------------------------------------------------------------------
 
 CREATE TABLE replaysafe.langgraph_checkpoints (
@@ -1554,12 +1556,15 @@ CREATE TABLE replaysafe.langgraph_writes (
     PRIMARY KEY (tenant_id, thread_id, checkpoint_ns, checkpoint_id, task_id, idx)
 );
 
--- One row per thread and namespace: the lock that orders its checkpoint writes, and the ids
--- of the latest checkpoints it refused (their pending writes are dropped, also late ones).
+-- One row per thread and namespace: the lock that orders its checkpoint writes, its head (the
+-- checkpoint put stored last; when that one was deleted since, the greatest id is the head),
+-- and the ids of the latest checkpoints it refused (their pending writes are dropped, also
+-- late ones).
 CREATE TABLE replaysafe.langgraph_namespaces (
     tenant_id     text NOT NULL,
     thread_id     text NOT NULL,
     checkpoint_ns text NOT NULL,
+    head          text COLLATE "C",
     refused       text[] NOT NULL DEFAULT '{}',
     PRIMARY KEY (tenant_id, thread_id, checkpoint_ns)
 );
@@ -1604,8 +1609,10 @@ AS $$
 BEGIN
     PERFORM replaysafe._check_id('p_tenant_id', p_tenant_id);
     PERFORM replaysafe._check_id('p_thread_id', p_thread_id);
-    IF p_checkpoint_ns IS NULL OR octet_length(p_checkpoint_ns) > 4096 THEN
-        PERFORM replaysafe._invalid('p_checkpoint_ns', 'must be text of at most 4096 bytes');
+    IF p_checkpoint_ns IS NULL OR length(p_checkpoint_ns) > 512
+       OR octet_length(p_checkpoint_ns) > 1024 THEN
+        PERFORM replaysafe._invalid('p_checkpoint_ns',
+            'must be text of at most 512 characters and 1024 bytes');
     END IF;
 END
 $$;
@@ -1644,6 +1651,29 @@ BEGIN
 END
 $$;
 
+-- The head of a namespace: p_head (read from its row) while that checkpoint exists, else the
+-- greatest id (the head was deleted since: delete_for_runs). NULL when it has no checkpoint.
+CREATE FUNCTION replaysafe._langgraph_head(p_tenant_id text, p_thread_id text,
+                                           p_checkpoint_ns text, p_head text)
+RETURNS text
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF p_head IS NOT NULL AND EXISTS (
+           SELECT 1 FROM replaysafe.langgraph_checkpoints c
+           WHERE c.tenant_id = p_tenant_id AND c.thread_id = p_thread_id
+             AND c.checkpoint_ns = p_checkpoint_ns AND c.checkpoint_id = p_head) THEN
+        RETURN p_head;
+    END IF;
+    RETURN (SELECT c.checkpoint_id FROM replaysafe.langgraph_checkpoints c
+            WHERE c.tenant_id = p_tenant_id AND c.thread_id = p_thread_id
+              AND c.checkpoint_ns = p_checkpoint_ns
+            ORDER BY c.checkpoint_id DESC
+            LIMIT 1);
+END
+$$;
+
 -- Blobs of a namespace that no remaining checkpoint refers to.
 CREATE FUNCTION replaysafe._langgraph_collect_blobs(p_tenant_id text, p_thread_id text,
                                                     p_checkpoint_ns text)
@@ -1664,12 +1694,14 @@ END
 $$;
 
 -- Store a checkpoint and the channel values new in it (p_channels, p_versions, p_types,
--- p_blobs: parallel arrays; a value already stored at that version is kept). A checkpoint of
--- the run loop (metadata source "input" or "loop") is refused, and nothing is stored, when
--- its parent is not the newest checkpoint of the thread and namespace, or when it has no
--- parent, is a run's first (step -1) and the namespace already has checkpoints; its pending
--- writes are dropped, now and when they arrive later. Branching on purpose (source "fork" or
--- "update") is never refused. p_history_limit: checkpoints kept per thread and namespace.
+-- p_blobs: parallel arrays; a value already stored at that version is kept) and make it the
+-- head of its thread and namespace (a checkpoint stored again keeps the head where it is).
+-- A checkpoint of the run loop (metadata source "input" or "loop") is refused, and nothing
+-- is stored, when its parent is not the head, or when it has no parent, the namespace has
+-- checkpoints and it is a run's first (step -1) or records a run's work (versions_seen names
+-- a task besides "__input__": its run began on an empty namespace); its pending writes are
+-- dropped, now and when they arrive later. Branching on purpose (source "fork" or "update")
+-- is never refused. p_history_limit: checkpoints kept per thread and namespace.
 CREATE FUNCTION replaysafe.langgraph_put(
     p_tenant_id     text,
     p_thread_id     text,
@@ -1691,12 +1723,14 @@ AS $$
 DECLARE
     v_refused text[];
     v_head    text;
+    v_found   boolean;
     v_old     record;
     r         replaysafe.langgraph_put_record;
 BEGIN
     IF (octet_length(p_tenant_id) BETWEEN 1 AND 1024 AND length(p_tenant_id) <= 512
         AND octet_length(p_thread_id) BETWEEN 1 AND 1024 AND length(p_thread_id) <= 512
-        AND octet_length(p_checkpoint_ns) <= 4096) IS NOT TRUE THEN
+        AND octet_length(p_checkpoint_ns) <= 1024 AND length(p_checkpoint_ns) <= 512)
+       IS NOT TRUE THEN
         PERFORM replaysafe._langgraph_check_args(p_tenant_id, p_thread_id, p_checkpoint_ns);
     END IF;
     IF (octet_length(p_checkpoint_id) BETWEEN 1 AND 1024 AND length(p_checkpoint_id) <= 512
@@ -1709,6 +1743,11 @@ BEGIN
     IF p_checkpoint IS NULL OR jsonb_typeof(p_checkpoint) <> 'object' THEN
         PERFORM replaysafe._invalid('p_checkpoint', 'must be a JSON object');
     END IF;
+    -- Every read of the checkpoint walks its channel_versions as an object.
+    IF p_checkpoint ? 'channel_versions'
+       AND jsonb_typeof(p_checkpoint -> 'channel_versions') <> 'object' THEN
+        PERFORM replaysafe._invalid('p_checkpoint', 'channel_versions must be a JSON object');
+    END IF;
     IF p_metadata IS NULL OR jsonb_typeof(p_metadata) <> 'object' THEN
         PERFORM replaysafe._invalid('p_metadata', 'must be a JSON object');
     END IF;
@@ -1719,6 +1758,17 @@ BEGIN
         PERFORM replaysafe._invalid('p_channels',
             'p_channels, p_versions, p_types and p_blobs must be arrays of one length');
     END IF;
+    -- Channels and versions are bounded like ids (they are keys of langgraph_blobs); a blob
+    -- is NULL only for a channel emptied at this version.
+    IF cardinality(p_channels) > 0 AND EXISTS (
+           SELECT 1 FROM unnest(p_channels, p_versions, p_types) AS v(channel, version, type)
+           WHERE (octet_length(v.channel) BETWEEN 1 AND 1024 AND length(v.channel) <= 512
+                  AND octet_length(v.version) BETWEEN 1 AND 1024 AND length(v.version) <= 512
+                  AND octet_length(v.type) BETWEEN 1 AND 1024) IS NOT TRUE) THEN
+        PERFORM replaysafe._invalid('p_channels',
+            'every channel, version and type must be non-empty text of at most 512 characters '
+            'and 1024 bytes');
+    END IF;
     IF p_history_limit < 1 THEN
         PERFORM replaysafe._invalid('p_history_limit',
             'must be a positive number of checkpoints (got ' || p_history_limit || ')');
@@ -1726,7 +1776,7 @@ BEGIN
     PERFORM replaysafe._acts_for(p_tenant_id);
 
     -- The namespace's lock (inline: the common case, a namespace already written to).
-    SELECT n.refused INTO v_refused FROM replaysafe.langgraph_namespaces n
+    SELECT n.refused, n.head INTO v_refused, v_head FROM replaysafe.langgraph_namespaces n
     WHERE n.tenant_id = p_tenant_id AND n.thread_id = p_thread_id
       AND n.checkpoint_ns = p_checkpoint_ns
     FOR NO KEY UPDATE;
@@ -1735,17 +1785,17 @@ BEGIN
                                                      true);
     END IF;
 
-    IF p_metadata ->> 'source' IN ('input', 'loop') THEN
-        SELECT c.checkpoint_id INTO v_head FROM replaysafe.langgraph_checkpoints c
-        WHERE c.tenant_id = p_tenant_id AND c.thread_id = p_thread_id
-          AND c.checkpoint_ns = p_checkpoint_ns
-        ORDER BY c.checkpoint_id DESC
-        LIMIT 1;
-        -- Saving the newest checkpoint again (same id) is no fork.
+    -- A run continuing from the head (the common case) is accepted without further reads.
+    IF p_metadata ->> 'source' IN ('input', 'loop') AND p_parent_id IS DISTINCT FROM v_head THEN
+        v_head := replaysafe._langgraph_head(p_tenant_id, p_thread_id, p_checkpoint_ns, v_head);
+        -- Saving the head again (same id) is no fork.
         IF v_head IS DISTINCT FROM p_checkpoint_id
            AND ((p_parent_id IS NOT NULL AND v_head IS DISTINCT FROM p_parent_id)
                 OR (p_parent_id IS NULL AND v_head IS NOT NULL
-                    AND p_metadata -> 'step' = '-1'::jsonb)) THEN
+                    AND (p_metadata -> 'step' = '-1'::jsonb
+                         OR (jsonb_typeof(p_checkpoint -> 'versions_seen') = 'object'
+                             AND (p_checkpoint -> 'versions_seen') - '__input__'
+                                 <> '{}'::jsonb)))) THEN
             DELETE FROM replaysafe.langgraph_writes w
             WHERE w.tenant_id = p_tenant_id AND w.thread_id = p_thread_id
               AND w.checkpoint_ns = p_checkpoint_ns AND w.checkpoint_id = p_checkpoint_id;
@@ -1767,24 +1817,37 @@ BEGIN
         FROM unnest(p_channels, p_versions, p_types, p_blobs) AS v(channel, version, type, blob)
         ON CONFLICT DO NOTHING;
     END IF;
-    INSERT INTO replaysafe.langgraph_checkpoints AS c (
-        tenant_id, thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, run_id,
-        checkpoint, metadata, created_at)
-    VALUES (p_tenant_id, p_thread_id, p_checkpoint_ns, p_checkpoint_id, p_parent_id,
-            p_metadata ->> 'run_id', p_checkpoint, p_metadata, clock_timestamp())
-    ON CONFLICT (tenant_id, thread_id, checkpoint_ns, checkpoint_id) DO UPDATE
-    SET checkpoint = excluded.checkpoint, metadata = excluded.metadata, run_id = excluded.run_id;
+    UPDATE replaysafe.langgraph_checkpoints c
+    SET checkpoint = p_checkpoint, metadata = p_metadata, run_id = p_metadata ->> 'run_id'
+    WHERE c.tenant_id = p_tenant_id AND c.thread_id = p_thread_id
+      AND c.checkpoint_ns = p_checkpoint_ns AND c.checkpoint_id = p_checkpoint_id;
+    v_found := FOUND;
+    IF NOT v_found THEN
+        -- A new checkpoint: the head (the namespace is locked: no concurrent insert).
+        INSERT INTO replaysafe.langgraph_checkpoints (
+            tenant_id, thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, run_id,
+            checkpoint, metadata, created_at)
+        VALUES (p_tenant_id, p_thread_id, p_checkpoint_ns, p_checkpoint_id, p_parent_id,
+                p_metadata ->> 'run_id', p_checkpoint, p_metadata, clock_timestamp());
+        UPDATE replaysafe.langgraph_namespaces n SET head = p_checkpoint_id
+        WHERE n.tenant_id = p_tenant_id AND n.thread_id = p_thread_id
+          AND n.checkpoint_ns = p_checkpoint_ns;
+        v_head := p_checkpoint_id;
+    ELSE
+        v_head := replaysafe._langgraph_head(p_tenant_id, p_thread_id, p_checkpoint_ns, v_head);
+    END IF;
 
     -- With a history limit, the oldest checkpoints beyond it go (at most 4 per write, so the
-    -- work per write stays bounded; a lowered limit is reached over a few writes), with their
-    -- pending writes and the values no kept checkpoint uses (looked up among the kept ones).
+    -- work per write stays bounded; a lowered limit is reached over a few writes), never the
+    -- head, with their pending writes and the values no kept checkpoint uses (looked up among
+    -- the kept ones).
     IF p_history_limit IS NOT NULL THEN
         FOR v_old IN SELECT c.checkpoint_id, c.checkpoint -> 'channel_versions' AS versions
                      FROM replaysafe.langgraph_checkpoints c
                      WHERE c.tenant_id = p_tenant_id AND c.thread_id = p_thread_id
-                       AND c.checkpoint_ns = p_checkpoint_ns
+                       AND c.checkpoint_ns = p_checkpoint_ns AND c.checkpoint_id <> v_head
                      ORDER BY c.checkpoint_id DESC
-                     OFFSET p_history_limit LIMIT 4 LOOP
+                     OFFSET p_history_limit - 1 LIMIT 4 LOOP
             DELETE FROM replaysafe.langgraph_checkpoints c
             WHERE c.tenant_id = p_tenant_id AND c.thread_id = p_thread_id
               AND c.checkpoint_ns = p_checkpoint_ns AND c.checkpoint_id = v_old.checkpoint_id;
@@ -1804,7 +1867,7 @@ BEGIN
         END LOOP;
     END IF;
     r.stored := true;
-    r.head_checkpoint_id := greatest(v_head COLLATE "C", p_checkpoint_id COLLATE "C");
+    r.head_checkpoint_id := v_head;
     RETURN r;
 END
 $$;
@@ -1836,7 +1899,8 @@ DECLARE
 BEGIN
     IF (octet_length(p_tenant_id) BETWEEN 1 AND 1024 AND length(p_tenant_id) <= 512
         AND octet_length(p_thread_id) BETWEEN 1 AND 1024 AND length(p_thread_id) <= 512
-        AND octet_length(p_checkpoint_ns) <= 4096) IS NOT TRUE THEN
+        AND octet_length(p_checkpoint_ns) <= 1024 AND length(p_checkpoint_ns) <= 512)
+       IS NOT TRUE THEN
         PERFORM replaysafe._langgraph_check_args(p_tenant_id, p_thread_id, p_checkpoint_ns);
     END IF;
     PERFORM replaysafe._check_id('p_checkpoint_id', p_checkpoint_id);
@@ -1850,6 +1914,12 @@ BEGIN
        OR cardinality(p_blobs) <> cardinality(p_idx) THEN
         PERFORM replaysafe._invalid('p_idx',
             'p_idx, p_channels, p_types and p_blobs must be arrays of one length');
+    END IF;
+    IF cardinality(p_idx) > 0 AND EXISTS (
+           SELECT 1 FROM unnest(p_idx, p_channels, p_types, p_blobs) AS w(idx, channel, type, blob)
+           WHERE w.idx IS NULL OR w.channel IS NULL OR w.type IS NULL OR w.blob IS NULL) THEN
+        PERFORM replaysafe._invalid('p_idx',
+            'p_idx, p_channels, p_types and p_blobs must have no NULL element');
     END IF;
     PERFORM replaysafe._acts_for(p_tenant_id);
 
@@ -1881,8 +1951,8 @@ BEGIN
 END
 $$;
 
--- One checkpoint with its values and pending writes: p_checkpoint_id's, or the newest of the
--- thread and namespace. No row when there is none.
+-- One checkpoint with its values and pending writes: p_checkpoint_id's, or the head of the
+-- thread and namespace (the checkpoint put stored last). No row when there is none.
 CREATE FUNCTION replaysafe.langgraph_get_tuple(
     p_tenant_id     text,
     p_thread_id     text,
@@ -1893,82 +1963,58 @@ LANGUAGE plpgsql STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    v_id text := p_checkpoint_id;
 BEGIN
     IF (octet_length(p_tenant_id) BETWEEN 1 AND 1024 AND length(p_tenant_id) <= 512
         AND octet_length(p_thread_id) BETWEEN 1 AND 1024 AND length(p_thread_id) <= 512
-        AND octet_length(p_checkpoint_ns) <= 4096) IS NOT TRUE THEN
+        AND octet_length(p_checkpoint_ns) <= 1024 AND length(p_checkpoint_ns) <= 512)
+       IS NOT TRUE THEN
         PERFORM replaysafe._langgraph_check_args(p_tenant_id, p_thread_id, p_checkpoint_ns);
     END IF;
     PERFORM replaysafe._acts_for(p_tenant_id);
 
-    -- One statement each (no helper call: plpgsql keeps each plan).
-    IF p_checkpoint_id IS NULL THEN
-        RETURN QUERY
-        SELECT c.thread_id, c.checkpoint_ns, c.checkpoint_id::text, c.parent_checkpoint_id::text,
-               c.checkpoint, c.metadata, b.channels, b.types, b.blobs,
-               w.task_ids, w.channels, w.types, w.blobs
-        FROM (SELECT * FROM replaysafe.langgraph_checkpoints x
-              WHERE x.tenant_id = p_tenant_id AND x.thread_id = p_thread_id
-                AND x.checkpoint_ns = p_checkpoint_ns
-              ORDER BY x.checkpoint_id DESC
-              LIMIT 1) c
-        CROSS JOIN LATERAL (
-            SELECT array_agg(v.channel) AS channels, array_agg(x.type) AS types,
-                   array_agg(x.blob) AS blobs
-            FROM jsonb_each_text(c.checkpoint -> 'channel_versions') AS v(channel, version)
-            -- One primary-key lookup per channel (LIMIT keeps the planner from turning this
-            -- into a scan of every value the thread ever stored).
-            CROSS JOIN LATERAL (
-                SELECT y.type, y.blob FROM replaysafe.langgraph_blobs y
-                WHERE y.tenant_id = c.tenant_id AND y.thread_id = c.thread_id
-                  AND y.checkpoint_ns = c.checkpoint_ns AND y.channel = v.channel
-                  AND y.version = v.version
-                LIMIT 1) x) b
-        CROSS JOIN LATERAL (
-            SELECT array_agg(x.task_id ORDER BY x.task_path COLLATE "C", x.task_id COLLATE "C", x.idx)
-                       AS task_ids,
-                   array_agg(x.channel ORDER BY x.task_path COLLATE "C", x.task_id COLLATE "C", x.idx)
-                       AS channels,
-                   array_agg(x.type ORDER BY x.task_path COLLATE "C", x.task_id COLLATE "C", x.idx)
-                       AS types,
-                   array_agg(x.blob ORDER BY x.task_path COLLATE "C", x.task_id COLLATE "C", x.idx)
-                       AS blobs
-            FROM replaysafe.langgraph_writes x
-            WHERE x.tenant_id = c.tenant_id AND x.thread_id = c.thread_id
-              AND x.checkpoint_ns = c.checkpoint_ns AND x.checkpoint_id = c.checkpoint_id) w;
-    ELSE
-        RETURN QUERY
-        SELECT c.thread_id, c.checkpoint_ns, c.checkpoint_id::text, c.parent_checkpoint_id::text,
-               c.checkpoint, c.metadata, b.channels, b.types, b.blobs,
-               w.task_ids, w.channels, w.types, w.blobs
-        FROM (SELECT * FROM replaysafe.langgraph_checkpoints x
-              WHERE x.tenant_id = p_tenant_id AND x.thread_id = p_thread_id
-                AND x.checkpoint_ns = p_checkpoint_ns AND x.checkpoint_id = p_checkpoint_id) c
-        CROSS JOIN LATERAL (
-            SELECT array_agg(v.channel) AS channels, array_agg(x.type) AS types,
-                   array_agg(x.blob) AS blobs
-            FROM jsonb_each_text(c.checkpoint -> 'channel_versions') AS v(channel, version)
-            -- One primary-key lookup per channel (LIMIT keeps the planner from turning this
-            -- into a scan of every value the thread ever stored).
-            CROSS JOIN LATERAL (
-                SELECT y.type, y.blob FROM replaysafe.langgraph_blobs y
-                WHERE y.tenant_id = c.tenant_id AND y.thread_id = c.thread_id
-                  AND y.checkpoint_ns = c.checkpoint_ns AND y.channel = v.channel
-                  AND y.version = v.version
-                LIMIT 1) x) b
-        CROSS JOIN LATERAL (
-            SELECT array_agg(x.task_id ORDER BY x.task_path COLLATE "C", x.task_id COLLATE "C", x.idx)
-                       AS task_ids,
-                   array_agg(x.channel ORDER BY x.task_path COLLATE "C", x.task_id COLLATE "C", x.idx)
-                       AS channels,
-                   array_agg(x.type ORDER BY x.task_path COLLATE "C", x.task_id COLLATE "C", x.idx)
-                       AS types,
-                   array_agg(x.blob ORDER BY x.task_path COLLATE "C", x.task_id COLLATE "C", x.idx)
-                       AS blobs
-            FROM replaysafe.langgraph_writes x
-            WHERE x.tenant_id = c.tenant_id AND x.thread_id = c.thread_id
-              AND x.checkpoint_ns = c.checkpoint_ns AND x.checkpoint_id = c.checkpoint_id) w;
+    IF v_id IS NULL THEN
+        SELECT n.head INTO v_id FROM replaysafe.langgraph_namespaces n
+        WHERE n.tenant_id = p_tenant_id AND n.thread_id = p_thread_id
+          AND n.checkpoint_ns = p_checkpoint_ns;
+        v_id := replaysafe._langgraph_head(p_tenant_id, p_thread_id, p_checkpoint_ns, v_id);
+        IF v_id IS NULL THEN
+            RETURN;
+        END IF;
     END IF;
+
+    RETURN QUERY
+    SELECT c.thread_id, c.checkpoint_ns, c.checkpoint_id::text, c.parent_checkpoint_id::text,
+           c.checkpoint, c.metadata, b.channels, b.types, b.blobs,
+           w.task_ids, w.channels, w.types, w.blobs
+    FROM (SELECT * FROM replaysafe.langgraph_checkpoints x
+          WHERE x.tenant_id = p_tenant_id AND x.thread_id = p_thread_id
+            AND x.checkpoint_ns = p_checkpoint_ns AND x.checkpoint_id = v_id) c
+    CROSS JOIN LATERAL (
+        SELECT array_agg(v.channel) AS channels, array_agg(x.type) AS types,
+               array_agg(x.blob) AS blobs
+        FROM jsonb_each_text(c.checkpoint -> 'channel_versions') AS v(channel, version)
+        -- One primary-key lookup per channel (LIMIT keeps the planner from turning this
+        -- into a scan of every value the thread ever stored).
+        CROSS JOIN LATERAL (
+            SELECT y.type, y.blob FROM replaysafe.langgraph_blobs y
+            WHERE y.tenant_id = c.tenant_id AND y.thread_id = c.thread_id
+              AND y.checkpoint_ns = c.checkpoint_ns AND y.channel = v.channel
+              AND y.version = v.version
+            LIMIT 1) x) b
+    CROSS JOIN LATERAL (
+        SELECT array_agg(x.task_id ORDER BY x.task_path COLLATE "C", x.task_id COLLATE "C", x.idx)
+                   AS task_ids,
+               array_agg(x.channel ORDER BY x.task_path COLLATE "C", x.task_id COLLATE "C", x.idx)
+                   AS channels,
+               array_agg(x.type ORDER BY x.task_path COLLATE "C", x.task_id COLLATE "C", x.idx)
+                   AS types,
+               array_agg(x.blob ORDER BY x.task_path COLLATE "C", x.task_id COLLATE "C", x.idx)
+                   AS blobs
+        FROM replaysafe.langgraph_writes x
+        WHERE x.tenant_id = c.tenant_id AND x.thread_id = c.thread_id
+          AND x.checkpoint_ns = c.checkpoint_ns AND x.checkpoint_id = c.checkpoint_id) w;
 END
 $$;
 
@@ -2041,6 +2087,7 @@ END
 $$;
 
 -- Every checkpoint, value and pending write of a thread (all namespaces). False when it had none.
+-- Its namespaces are locked first: a put in flight is either deleted too or comes after.
 CREATE FUNCTION replaysafe.langgraph_delete_thread(p_tenant_id text, p_thread_id text)
 RETURNS boolean
 LANGUAGE plpgsql
@@ -2054,6 +2101,10 @@ BEGIN
     PERFORM replaysafe._check_id('p_thread_id', p_thread_id);
     PERFORM replaysafe._acts_for(p_tenant_id);
 
+    PERFORM 1 FROM replaysafe.langgraph_namespaces n
+    WHERE n.tenant_id = p_tenant_id AND n.thread_id = p_thread_id
+    ORDER BY n.checkpoint_ns
+    FOR UPDATE;
     DELETE FROM replaysafe.langgraph_checkpoints c
     WHERE c.tenant_id = p_tenant_id AND c.thread_id = p_thread_id;
     v_found := FOUND;
@@ -2068,7 +2119,9 @@ END
 $$;
 
 -- The checkpoints whose metadata run_id is one of p_run_ids, with their pending writes and
--- the values no other checkpoint uses. Returns the number of checkpoints deleted.
+-- the values no other checkpoint uses. Values are collected only in a namespace whose lock is
+-- free (a put in flight may still use them; a later delete_for_runs or prune collects them).
+-- Returns the number of checkpoints deleted.
 CREATE FUNCTION replaysafe.langgraph_delete_for_runs(p_tenant_id text, p_run_ids text[])
 RETURNS integer
 LANGUAGE plpgsql
@@ -2079,6 +2132,7 @@ DECLARE
     v_count   integer;
     v_threads text[];
     v_spaces  text[];
+    v_head    text;
 BEGIN
     PERFORM replaysafe._check_id('p_tenant_id', p_tenant_id);
     IF p_run_ids IS NULL OR array_position(p_run_ids, NULL) IS NOT NULL THEN
@@ -2100,6 +2154,15 @@ BEGIN
     FROM (SELECT array_agg(p.thread_id) AS threads, array_agg(p.checkpoint_ns) AS spaces
           FROM (SELECT DISTINCT d.thread_id, d.checkpoint_ns FROM d) p) s;
     FOR i IN 1..coalesce(cardinality(v_threads), 0) LOOP
+        SELECT n.head INTO v_head FROM replaysafe.langgraph_namespaces n
+        WHERE n.tenant_id = p_tenant_id AND n.thread_id = v_threads[i]
+          AND n.checkpoint_ns = v_spaces[i]
+        FOR NO KEY UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND;
+        UPDATE replaysafe.langgraph_namespaces n
+        SET head = replaysafe._langgraph_head(p_tenant_id, v_threads[i], v_spaces[i], v_head)
+        WHERE n.tenant_id = p_tenant_id AND n.thread_id = v_threads[i]
+          AND n.checkpoint_ns = v_spaces[i];
         PERFORM replaysafe._langgraph_collect_blobs(p_tenant_id, v_threads[i], v_spaces[i]);
     END LOOP;
     RETURN v_count;
@@ -2153,11 +2216,16 @@ BEGIN
     FROM replaysafe.langgraph_writes w
     WHERE w.tenant_id = p_tenant_id AND w.thread_id = p_source_thread_id
     ON CONFLICT DO NOTHING;
+    INSERT INTO replaysafe.langgraph_namespaces AS n (tenant_id, thread_id, checkpoint_ns, head)
+    SELECT s.tenant_id, p_target_thread_id, s.checkpoint_ns, s.head
+    FROM replaysafe.langgraph_namespaces s
+    WHERE s.tenant_id = p_tenant_id AND s.thread_id = p_source_thread_id
+    ON CONFLICT (tenant_id, thread_id, checkpoint_ns) DO UPDATE SET head = excluded.head;
     RETURN v_count;
 END
 $$;
 
--- Prune threads: "keep_latest" keeps the newest checkpoint of each namespace (with its
+-- Prune threads: "keep_latest" keeps the head of each namespace (with its
 -- pending writes and the values it uses), "delete" removes everything. Returns the number
 -- of checkpoints deleted.
 CREATE FUNCTION replaysafe.langgraph_prune(p_tenant_id text, p_thread_ids text[],
@@ -2184,6 +2252,11 @@ BEGIN
     PERFORM replaysafe._acts_for(p_tenant_id);
 
     IF p_strategy = 'delete' THEN
+        -- Locked first, as delete_thread.
+        PERFORM 1 FROM replaysafe.langgraph_namespaces n
+        WHERE n.tenant_id = p_tenant_id AND n.thread_id = ANY (p_thread_ids)
+        ORDER BY n.thread_id, n.checkpoint_ns
+        FOR UPDATE;
         DELETE FROM replaysafe.langgraph_checkpoints c
         WHERE c.tenant_id = p_tenant_id AND c.thread_id = ANY (p_thread_ids);
         GET DIAGNOSTICS v_count = ROW_COUNT;
@@ -2199,17 +2272,19 @@ BEGIN
     FOR r IN SELECT DISTINCT c.thread_id, c.checkpoint_ns FROM replaysafe.langgraph_checkpoints c
              WHERE c.tenant_id = p_tenant_id AND c.thread_id = ANY (p_thread_ids)
              ORDER BY c.thread_id, c.checkpoint_ns LOOP
-        -- Locked like a checkpoint write: the newest stays the newest while we prune.
+        -- Locked like a checkpoint write: the head stays the head while we prune.
         PERFORM replaysafe._langgraph_namespace(p_tenant_id, r.thread_id, r.checkpoint_ns, true);
-        SELECT c.checkpoint_id INTO v_head FROM replaysafe.langgraph_checkpoints c
-        WHERE c.tenant_id = p_tenant_id AND c.thread_id = r.thread_id
-          AND c.checkpoint_ns = r.checkpoint_ns
-        ORDER BY c.checkpoint_id DESC
-        LIMIT 1;
+        SELECT n.head INTO v_head FROM replaysafe.langgraph_namespaces n
+        WHERE n.tenant_id = p_tenant_id AND n.thread_id = r.thread_id
+          AND n.checkpoint_ns = r.checkpoint_ns;
+        v_head := replaysafe._langgraph_head(p_tenant_id, r.thread_id, r.checkpoint_ns, v_head);
         CONTINUE WHEN v_head IS NULL;
+        UPDATE replaysafe.langgraph_namespaces n SET head = v_head
+        WHERE n.tenant_id = p_tenant_id AND n.thread_id = r.thread_id
+          AND n.checkpoint_ns = r.checkpoint_ns;
         DELETE FROM replaysafe.langgraph_checkpoints c
         WHERE c.tenant_id = p_tenant_id AND c.thread_id = r.thread_id
-          AND c.checkpoint_ns = r.checkpoint_ns AND c.checkpoint_id < v_head;
+          AND c.checkpoint_ns = r.checkpoint_ns AND c.checkpoint_id <> v_head;
         GET DIAGNOSTICS v_n = ROW_COUNT;
         CONTINUE WHEN v_n = 0;
         v_count := v_count + v_n;
@@ -2218,7 +2293,7 @@ BEGIN
           AND c.checkpoint_ns = r.checkpoint_ns AND c.checkpoint_id = v_head;
         DELETE FROM replaysafe.langgraph_writes w
         WHERE w.tenant_id = p_tenant_id AND w.thread_id = r.thread_id
-          AND w.checkpoint_ns = r.checkpoint_ns AND w.checkpoint_id < v_head;
+          AND w.checkpoint_ns = r.checkpoint_ns AND w.checkpoint_id <> v_head;
         PERFORM replaysafe._langgraph_collect_blobs(p_tenant_id, r.thread_id, r.checkpoint_ns);
     END LOOP;
     RETURN v_count;

@@ -3,8 +3,9 @@ and of its Python side (replaysafe_pg.langgraph), tried as an attacker holding a
 credentials (a LOGIN role in replaysafe_worker bound to tenant A, what a prompt-injected agent
 holds), an auditor's, or an operator's bound to A.
 
-Tests marked ``FINDING`` reproduce an attack that works on the revision reviewed: they fail
-until it is fixed. The others are attacks that failed, kept as regression tests.
+Sections marked ``FINDING`` reproduce an attack that worked on the revision reviewed (their
+tests failed until it was fixed; each section says how). The others are attacks that failed.
+All are kept as regression tests.
 """
 
 from __future__ import annotations
@@ -281,7 +282,8 @@ def test_langgraphs_strict_msgpack_allowlist_reaches_the_saver(dsn: str) -> None
 
 
 # =============================================================================================
-# FINDING 3 (medium): the CAS rule lets a run's update go silently, without any concurrent run,
+# FINDING 3 (medium; fixed: the head is kept on the namespace row).
+# The CAS rule let a run's update go silently, without any concurrent run,
 # when the run's clock lags the host that wrote the thread's head: "newest" is the greatest id,
 # and an id made on a lagging clock sorts below its own parent. The checkpoint is stored
 # (stored = true, no error) but is not the newest, so the next read returns the old head.
@@ -306,7 +308,7 @@ def run_config(thread_id: str, runner: str) -> dict[str, Any]:
     return {"configurable": {"thread_id": thread_id, "runner": runner}}
 
 
-def test_finding_a_run_on_a_lagging_clock_is_never_silently_lost(
+def test_a_run_on_a_lagging_clock_is_never_silently_lost(
         dsn: str, lagging_clock: Callable[[float], None]) -> None:
     with ReplaysafeSaver(dsn, tenant_id="A") as saver:
         graph = chain_graph(saver, [])
@@ -322,7 +324,7 @@ def test_finding_a_run_on_a_lagging_clock_is_never_silently_lost(
     assert state[-3:] == late, state  # ...so the thread must hold it
 
 
-def test_finding_a_lagging_clock_alone_raises_no_stale_checkpoint(
+def test_a_lagging_clock_alone_raises_no_stale_checkpoint(
         dsn: str, lagging_clock: Callable[[float], None]) -> None:
     with ReplaysafeSaver(dsn, tenant_id="A") as saver:
         graph = chain_graph(saver, [])
@@ -335,7 +337,9 @@ def test_finding_a_lagging_clock_alone_raises_no_stale_checkpoint(
 
 
 # =============================================================================================
-# FINDING 4 (medium): two runs with durability="exit" on a fresh thread fork it silently. Their
+# FINDING 4 (medium, fixed: a parentless run-loop checkpoint whose versions_seen records a
+# run's work is refused in a namespace that has checkpoints).
+# Two runs with durability="exit" on a fresh thread forked it silently. Their
 # only checkpoint is the final one, of source "loop", with no parent and a step >= 0: the
 # lenient root rule accepts it into a thread that already has checkpoints. docs/langgraph.md
 # says with "exit" "the conflict is found at the end".
@@ -353,7 +357,7 @@ class GatedSaver(ReplaysafeSaver):
         return found
 
 
-def test_finding_two_exit_durability_runs_on_a_fresh_thread_do_not_fork_silently(dsn: str) -> None:
+def test_two_exit_durability_runs_on_a_fresh_thread_do_not_fork_silently(dsn: str) -> None:
     with GatedSaver(dsn, tenant_id="A") as saver:
         graph = chain_graph(saver, [])
         saver.gate = threading.Barrier(2)
@@ -380,7 +384,8 @@ def test_finding_two_exit_durability_runs_on_a_fresh_thread_do_not_fork_silently
 
 
 # =============================================================================================
-# FINDING 5 (low): a worker poisons reads of its whole tenant. langgraph_put accepts any JSON
+# FINDING 5 (low; fixed: RS005).
+# A worker poisoned reads of its whole tenant. langgraph_put accepts any JSON
 # object as p_checkpoint; a "channel_versions" that is not an object makes jsonb_each_text
 # raise 22023 in every get_tuple of that thread, in every langgraph_list of the tenant without
 # a thread (the saver's list(None)), and in every later put with a history limit once the
@@ -388,7 +393,7 @@ def test_finding_two_exit_durability_runs_on_a_fresh_thread_do_not_fork_silently
 # =============================================================================================
 
 @pytest.mark.parametrize("versions", ["[]", '"x"', "1", "null"])
-def test_finding_a_checkpoint_whose_channel_versions_is_not_an_object_is_refused(
+def test_a_checkpoint_whose_channel_versions_is_not_an_object_is_refused(
         world: str, make_role: MakeRole, versions: str) -> None:
     attacker = login(world, make_role, "A")
     with connect_as(world, attacker) as worker:
@@ -402,7 +407,8 @@ def test_finding_a_checkpoint_whose_channel_versions_is_not_an_object_is_refused
 
 
 # =============================================================================================
-# FINDING 6 (low): inputs the functions do not check end in raw errors (a NOT NULL violation,
+# FINDING 6 (low; fixed: NULL elements refused, channel/version/namespace bounded).
+# Inputs the functions do not check end in raw errors (a NOT NULL violation,
 # an index row too large: 23502 / 54000) instead of RS005; docs/isolation.md made ids bounded
 # in bytes for this very reason.
 # =============================================================================================
@@ -421,7 +427,7 @@ BAD_PUTS = {
 
 
 @pytest.mark.parametrize("case", list(BAD_PUTS))
-def test_finding_bad_put_arguments_are_rs005(world: str, make_role: MakeRole, case: str) -> None:
+def test_bad_put_arguments_are_rs005(world: str, make_role: MakeRole, case: str) -> None:
     with connect_as(world, login(world, make_role, "A")) as worker:
         assert sqlstate(worker, PUT, put_params(thread="bad", **BAD_PUTS[case])) == "RS005"
 
@@ -436,7 +442,7 @@ BAD_WRITES = {
 
 
 @pytest.mark.parametrize("case", list(BAD_WRITES))
-def test_finding_bad_put_writes_arguments_are_rs005(world: str, make_role: MakeRole,
+def test_bad_put_writes_arguments_are_rs005(world: str, make_role: MakeRole,
                                                     case: str) -> None:
     params = {"tenant": "A", "thread": "bad", "ns": "", "id": "c1", "task": "x", "path": "",
               "idx": [0], "channels": ["c"], "types": ["null"], "blobs": [b""], "replace": False}
@@ -711,14 +717,15 @@ def test_doctor_notices_langgraph_privileges_and_rls_given_by_hand(dsn: str) -> 
 
 
 # =============================================================================================
-# FINDING 7 (low): delete_thread (and prune "delete") is not atomic against a put in flight: it
+# FINDING 7 (low; fixed: namespaces locked FOR UPDATE first).
+# Delete_thread (and prune "delete") is not atomic against a put in flight: it
 # takes no namespace lock first, so a checkpoint committed by a concurrent put (its rows not
 # yet visible to the DELETEs) survives a delete_thread that returned. A "deleted" thread then
 # comes back with state from before the deletion.
 # =============================================================================================
 
 @pytest.mark.parametrize("how", ["delete_thread", "prune_delete"])
-def test_finding_delete_thread_leaves_nothing_of_a_put_in_flight(world: str, how: str) -> None:
+def test_delete_thread_leaves_nothing_of_a_put_in_flight(world: str, how: str) -> None:
     head = empty_checkpoint()
     body = json.dumps({k: v for k, v in head.items() if k != "channel_values"})
     with psycopg.connect(world) as writer:  # an open transaction: the put in flight
@@ -792,13 +799,14 @@ def test_a_workers_index_expression_in_tenant_bs_analyze_reaches_no_checkpoint(
 
 
 # =============================================================================================
-# FINDING 8 (low): delete_for_runs collects values without the namespace lock. A put in flight
+# FINDING 8 (low; fixed: values collected only where the namespace lock is free).
+# Delete_for_runs collected values without the namespace lock. A put in flight
 # whose checkpoint keeps a channel at a version stored by an earlier checkpoint (LangGraph
 # sends only new versions) is not yet visible to the collection, which deletes that value:
 # once the put commits, its checkpoint has lost the channel (get_tuple silently omits it).
 # =============================================================================================
 
-def test_finding_delete_for_runs_never_drops_a_value_a_put_in_flight_uses(world: str) -> None:
+def test_delete_for_runs_never_drops_a_value_a_put_in_flight_uses(world: str) -> None:
     config = {"configurable": {"thread_id": "runs", "checkpoint_ns": ""}}
     with ReplaysafeSaver(world, tenant_id="A") as saver:
         first = empty_checkpoint()

@@ -8,6 +8,7 @@ DROP FUNCTION replaysafe.langgraph_delete_for_runs(text, text[]);
 DROP FUNCTION replaysafe.langgraph_copy_thread(text, text, text);
 DROP FUNCTION replaysafe.langgraph_prune(text, text[], text);
 DROP FUNCTION replaysafe._langgraph_collect_blobs(text, text, text);
+DROP FUNCTION replaysafe._langgraph_head(text, text, text, text);
 DROP FUNCTION replaysafe._langgraph_namespace(text, text, text, boolean);
 DROP FUNCTION replaysafe._langgraph_check_args(text, text, text);
 DROP TYPE replaysafe.langgraph_put_record;
