@@ -383,6 +383,34 @@ def test_two_exit_durability_runs_on_a_fresh_thread_do_not_fork_silently(dsn: st
         f"both runs succeeded; the thread holds {len(stored)} parentless run-loop checkpoints")
 
 
+def test_two_parentless_run_checkpoints_racing_into_a_fresh_namespace_do_not_both_land(
+        dsn: str) -> None:
+    """The second put waits on the namespace row the first one is creating; once it has the
+    lock it must see the first one's head (not the empty namespace it saw before waiting)."""
+    def params() -> dict[str, Any]:
+        cp = empty_checkpoint()
+        body = {k: v for k, v in cp.items() if k != "channel_values"}
+        body["versions_seen"] = {"__input__": {}, "__start__": {"__start__": "1"}}
+        return put_params(thread="race", id=cp["id"], cp=json.dumps(body),
+                          md=json.dumps({"source": "loop", "step": 1, "parents": {}}))
+
+    answers: list[Any] = []
+    with psycopg.connect(dsn) as first:
+        answers.append(first.execute(PUT, params()).fetchone())
+
+        def second() -> None:
+            with psycopg.connect(dsn, autocommit=True) as c:
+                answers.append(c.execute(PUT, params()).fetchone())
+
+        waiter = threading.Thread(target=second)
+        waiter.start()
+        time.sleep(0.5)  # the second put now waits on the first one's namespace row
+        first.commit()
+    waiter.join(10)
+    assert [a[0] for a in answers] == [True, False], answers
+    assert counts(dsn, "A")[0] == 1
+
+
 # =============================================================================================
 # FINDING 5 (low; fixed: RS005).
 # A worker poisoned reads of its whole tenant. langgraph_put accepts any JSON

@@ -284,6 +284,10 @@ BEGIN
     IF NOT FOUND THEN
         v_refused := replaysafe._langgraph_namespace(p_tenant_id, p_thread_id, p_checkpoint_ns,
                                                      true);
+        -- Locked now; another put may have created the row (and a head) meanwhile.
+        SELECT n.head INTO v_head FROM replaysafe.langgraph_namespaces n
+        WHERE n.tenant_id = p_tenant_id AND n.thread_id = p_thread_id
+          AND n.checkpoint_ns = p_checkpoint_ns;
     END IF;
 
     -- A run continuing from the head (the common case) is accepted without further reads.
