@@ -8,6 +8,10 @@ Comparisons (peer → ours):
 * LangGraph ``PostgresSaver.put()`` of a checkpoint carrying ~2 KB of state → ``Threads.write``
   (compare-and-swap on ``expected_version``, 2 KB state, history limit 20);
 * LangGraph ``PostgresSaver.get_tuple()`` of the latest of 20 checkpoints → ``Threads.read``;
+* LangGraph ``AsyncPostgresSaver`` → ``replaysafe_pg.langgraph.AsyncReplaysafeSaver`` (the
+  drop-in, docs/langgraph.md), the same checkpoints: ``aput()`` of a 2 KB checkpoint whose parent
+  is the last one (ours also checks that parent is still the newest), ``aget_tuple()`` of the
+  latest of 20, ``alist(limit=10)`` of 20;
 * DBOS workflow with one no-op step (system database on this server, a database of its own)
   → ``Ledger.run`` around a no-op tool, new key each call;
 * agent-outbox ``ToolExecutor.run`` (SQLite, WAL mode, its default settings), first call and
@@ -56,6 +60,7 @@ import replaysafe_pg  # noqa: E402
 from replaysafe_pg import Ledger, Threads, embedded  # noqa: E402
 
 HISTORY_LIMIT = 20
+LIST_LIMIT = 10
 REPLAY_KEYS = 500
 # Incompressible, so TOAST compression cannot shrink the 2 KB state to nothing.
 FILLER = base64.b64encode(random.Random(42).randbytes(1425)).decode()
@@ -227,6 +232,121 @@ class LangGraphGet:
         assert got is not None and got.checkpoint["channel_values"]["messages"]
 
 
+class _Checkpoints:
+    """The checkpoints LangGraph's loop puts, as in :class:`LangGraphPut`, for an async saver
+    on an event loop of its own (each call runs to completion on it: both sides pay the same
+    loop overhead). ``conn`` is None: the saver owns its connection."""
+
+    database = "lg_bench"
+    conn = None
+
+    def __init__(self, saver_factory: Callable[[], Any], ident: str) -> None:
+        import asyncio
+
+        from langgraph.checkpoint.base import empty_checkpoint
+
+        self.loop = asyncio.new_event_loop()
+        self.saver = self.loop.run_until_complete(saver_factory())
+        self.empty = empty_checkpoint
+        self.ident = ident
+        self.config: dict[str, Any] = {"configurable": {"thread_id": ident, "checkpoint_ns": ""}}
+        self.version: str | None = None
+        self.step = 0
+
+    def put(self) -> None:
+        self.step += 1
+        self.version = self.saver.get_next_version(self.version, None)
+        checkpoint = self.empty()
+        checkpoint["channel_values"] = {"messages": state(self.step)["messages"]}
+        checkpoint["channel_versions"] = {"messages": self.version}
+        self.config = self.loop.run_until_complete(self.saver.aput(
+            self.config, checkpoint, {"source": "loop", "step": self.step},
+            {"messages": self.version}))
+
+    def fill(self) -> None:
+        for _ in range(HISTORY_LIMIT):
+            self.put()
+        self.latest = {"configurable": {"thread_id": self.ident, "checkpoint_ns": ""}}
+
+    def get(self) -> None:
+        got = self.loop.run_until_complete(self.saver.aget_tuple(self.latest))
+        assert got is not None and got.checkpoint["channel_values"]["messages"]
+
+    def list(self) -> None:
+        async def collect() -> int:
+            return len([t async for t in self.saver.alist(self.latest, limit=LIST_LIMIT)])
+
+        assert self.loop.run_until_complete(collect()) == LIST_LIMIT
+
+
+def _peer_saver(env: Env) -> Callable[[], Any]:
+    async def make() -> Any:
+        from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+        from psycopg.rows import dict_row
+
+        # The connection AsyncPostgresSaver.from_conn_string() opens, kept open.
+        conn = await psycopg.AsyncConnection.connect(
+            env.lg_dsn, autocommit=True, prepare_threshold=0, row_factory=dict_row)
+        return AsyncPostgresSaver(conn)  # type: ignore[arg-type]
+    return make
+
+
+def _our_saver(env: Env) -> Callable[[], Any]:
+    async def make() -> Any:
+        from replaysafe_pg.langgraph import AsyncReplaysafeSaver
+
+        return AsyncReplaysafeSaver(env.rs_dsn, tenant_id="bench")
+    return make
+
+
+class PeerSaverPut(_Checkpoints):
+    def __init__(self, env: Env, ident: str) -> None:
+        super().__init__(_peer_saver(env), ident)
+
+    def __call__(self) -> None:
+        self.put()
+
+
+class OurSaverPut(_Checkpoints):
+    database = "rs_bench"
+
+    def __init__(self, env: Env, ident: str) -> None:
+        super().__init__(_our_saver(env), ident)
+
+    def __call__(self) -> None:
+        self.put()
+
+
+class PeerSaverGet(_Checkpoints):
+    def __init__(self, env: Env, ident: str) -> None:
+        super().__init__(_peer_saver(env), f"{ident}:r")
+        self.fill()
+
+    def __call__(self) -> None:
+        self.get()
+
+
+class OurSaverGet(_Checkpoints):
+    database = "rs_bench"
+
+    def __init__(self, env: Env, ident: str) -> None:
+        super().__init__(_our_saver(env), f"{ident}:r")
+        self.fill()
+
+    def __call__(self) -> None:
+        self.get()
+
+
+class PeerSaverList(PeerSaverGet):
+    def __call__(self) -> None:
+        self.list()
+
+
+class OurSaverList(OurSaverGet):
+    def __call__(self) -> None:
+        self.list()
+
+
 _dbos_workflow: Callable[[int], int] | None = None
 
 
@@ -319,6 +439,12 @@ PAIRS = (
          "`Threads.write` CAS (2 KB, limit 20)", OursWrite, 1.0),
     Pair("read", "langgraph", "LangGraph `get_tuple()`", LangGraphGet,
          "`Threads.read`", OursRead, 1.5),
+    Pair("saver-put", "langgraph", "`AsyncPostgresSaver.aput()` (2 KB)", PeerSaverPut,
+         "`AsyncReplaysafeSaver.aput()` (2 KB, with CAS)", OurSaverPut, 1.0),
+    Pair("saver-get", "langgraph", "`AsyncPostgresSaver.aget_tuple()`", PeerSaverGet,
+         "`AsyncReplaysafeSaver.aget_tuple()`", OurSaverGet, 1.5),
+    Pair("saver-list", "langgraph", f"`AsyncPostgresSaver.alist(limit={LIST_LIMIT})`",
+         PeerSaverList, f"`AsyncReplaysafeSaver.alist(limit={LIST_LIMIT})`", OurSaverList, None),
     Pair("workflow", "dbos", "DBOS workflow, one no-op step", DbosOneStep,
          "`Ledger.run` no-op, first call", OursRunFirst, 10.0, window_scale=2.5,
          floor_label="claim_action + complete_action called directly",

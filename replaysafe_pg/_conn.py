@@ -108,20 +108,21 @@ def refuse_open_transaction(conn: psycopg.Connection[Any] | psycopg.AsyncConnect
 
 
 def execute_on(conn: psycopg.Connection[Any], query: LiteralString,
-               params: dict[str, Any] | None = None, *, alone: bool = False) -> list[tuple[Any, ...]]:
+               params: dict[str, Any] | None = None, *, alone: bool = False,
+               binary: bool = False) -> list[tuple[Any, ...]]:
     """One statement on ``conn``: joins an open transaction, else commits at once.
     With ``alone``, a connection inside a transaction is refused instead of joined.
     Rows are tuples whatever the connection's row factory. Statements without a result
-    (LISTEN) answer ``[]``."""
+    (LISTEN) answer ``[]``. ``binary``: results in binary format (bytea without hex text)."""
     if alone:
         refuse_open_transaction(conn)
     with wrap_errors():
         cur = conn.cursor(row_factory=tuple_row)
         if conn.autocommit or conn.info.transaction_status != TransactionStatus.IDLE:
-            cur.execute(query, params)
+            cur.execute(query, params, binary=binary)
             return cur.fetchall() if _has_rows(cur) else []
         with conn.transaction():
-            cur.execute(query, params)
+            cur.execute(query, params, binary=binary)
             return cur.fetchall() if _has_rows(cur) else []
 
 
@@ -134,17 +135,17 @@ def _has_rows(cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> bool:
 
 async def aexecute_on(conn: psycopg.AsyncConnection[Any], query: LiteralString,
                       params: dict[str, Any] | None = None, *,
-                      alone: bool = False) -> list[tuple[Any, ...]]:
+                      alone: bool = False, binary: bool = False) -> list[tuple[Any, ...]]:
     """See :func:`execute_on`."""
     if alone:
         refuse_open_transaction(conn)
     with wrap_errors():
         cur = conn.cursor(row_factory=tuple_row)
         if conn.autocommit or conn.info.transaction_status != TransactionStatus.IDLE:
-            await cur.execute(query, params)
+            await cur.execute(query, params, binary=binary)
             return await cur.fetchall() if _has_rows(cur) else []
         async with conn.transaction():
-            await cur.execute(query, params)
+            await cur.execute(query, params, binary=binary)
             return await cur.fetchall() if _has_rows(cur) else []
 
 
@@ -239,13 +240,13 @@ class SyncSource:
         yield own
 
     def execute(self, query: LiteralString, params: dict[str, Any], *,
-                alone: bool = False) -> list[tuple[Any, ...]]:
+                alone: bool = False, binary: bool = False) -> list[tuple[Any, ...]]:
         """One statement; ``alone``: it must commit on its own (see :func:`execute_on`)."""
         if self._given is not None:
             with self._given_lock:
-                return execute_on(self._given, query, params, alone=alone)
+                return execute_on(self._given, query, params, alone=alone, binary=binary)
         with wrap_errors(), self.connection() as conn:
-            return execute_on(conn, query, params, alone=alone)
+            return execute_on(conn, query, params, alone=alone, binary=binary)
 
     def close(self) -> None:
         with self._lock:
@@ -338,16 +339,16 @@ class AsyncSource:
         yield own
 
     async def execute(self, query: LiteralString, params: dict[str, Any], *,
-                      alone: bool = False) -> list[tuple[Any, ...]]:
+                      alone: bool = False, binary: bool = False) -> list[tuple[Any, ...]]:
         """See :meth:`SyncSource.execute`."""
         if self._given is not None:
             if self._given_lock is None:
                 self._given_lock = asyncio.Lock()
             async with self._given_lock:
-                return await aexecute_on(self._given, query, params, alone=alone)
+                return await aexecute_on(self._given, query, params, alone=alone, binary=binary)
         with wrap_errors():
             async with self.connection() as conn:
-                return await aexecute_on(conn, query, params, alone=alone)
+                return await aexecute_on(conn, query, params, alone=alone, binary=binary)
 
     async def close(self) -> None:
         if self._own is not None:

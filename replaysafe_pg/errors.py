@@ -54,6 +54,25 @@ class StaleStateError(ReplaysafeError):
         self.current_version: int | None = info.get("current_version")
 
 
+class StaleCheckpointError(StaleStateError):
+    """RS003 for a LangGraph checkpoint (``replaysafe_pg.langgraph``): a checkpoint of the run
+    loop whose parent is no longer the newest checkpoint of its thread and namespace (another
+    run got there first). Nothing of it was stored. ``.thread_id``, ``.checkpoint_ns``,
+    ``.checkpoint_id`` (the refused one), ``.expected_checkpoint_id`` (its parent: what the
+    run last read) and ``.current_checkpoint_id`` (the newest one now; None when none)."""
+
+    def __init__(self, message: str, *, detail: str | None = None) -> None:
+        super().__init__(message, detail=detail)
+        info: dict[str, Any] = {}
+        if detail:
+            with contextlib.suppress(ValueError):
+                info = json.loads(detail)
+        self.checkpoint_ns: str | None = info.get("checkpoint_ns")
+        self.checkpoint_id: str | None = info.get("checkpoint_id")
+        self.expected_checkpoint_id: str | None = info.get("expected_checkpoint_id")
+        self.current_checkpoint_id: str | None = info.get("current_checkpoint_id")
+
+
 class AccessDenied(ReplaysafeError):
     """RS004: another user's thread, or another tenant's rows."""
 

@@ -61,3 +61,27 @@ SELECT * FROM replaysafe.thread_history(p_tenant_id => %(tenant_id)s, p_thread_i
 
 -- name: delete_thread --
 SELECT replaysafe.delete_thread(p_tenant_id => %(tenant_id)s, p_thread_id => %(thread_id)s, p_user_id => %(user_id)s::text)
+
+-- name: langgraph_put --
+SELECT * FROM replaysafe.langgraph_put(p_tenant_id => %(tenant_id)s, p_thread_id => %(thread_id)s, p_checkpoint_ns => %(checkpoint_ns)s, p_checkpoint_id => %(checkpoint_id)s, p_parent_id => %(parent_id)s::text, p_checkpoint => %(checkpoint)s::jsonb, p_metadata => %(metadata)s::jsonb, p_channels => %(channels)s::text[], p_versions => %(versions)s::text[], p_types => %(types)s::text[], p_blobs => %(blobs)s::bytea[], p_history_limit => %(history_limit)s::integer)
+
+-- name: langgraph_put_writes --
+SELECT replaysafe.langgraph_put_writes(p_tenant_id => %(tenant_id)s, p_thread_id => %(thread_id)s, p_checkpoint_ns => %(checkpoint_ns)s, p_checkpoint_id => %(checkpoint_id)s, p_task_id => %(task_id)s, p_task_path => %(task_path)s, p_idx => %(idx)s::integer[], p_channels => %(channels)s::text[], p_types => %(types)s::text[], p_blobs => %(blobs)s::bytea[], p_replace => %(replace)s::boolean)
+
+-- name: langgraph_get_tuple --
+SELECT * FROM replaysafe.langgraph_get_tuple(p_tenant_id => %(tenant_id)s, p_thread_id => %(thread_id)s, p_checkpoint_ns => %(checkpoint_ns)s, p_checkpoint_id => %(checkpoint_id)s::text)
+
+-- name: langgraph_list --
+SELECT * FROM replaysafe.langgraph_list(p_tenant_id => %(tenant_id)s, p_thread_id => %(thread_id)s::text, p_checkpoint_ns => %(checkpoint_ns)s::text, p_checkpoint_id => %(checkpoint_id)s::text, p_filter => %(filter)s::jsonb, p_before => %(before)s::text, p_limit => %(limit)s::integer)
+
+-- name: langgraph_delete_thread --
+SELECT replaysafe.langgraph_delete_thread(p_tenant_id => %(tenant_id)s, p_thread_id => %(thread_id)s)
+
+-- name: langgraph_delete_for_runs --
+SELECT replaysafe.langgraph_delete_for_runs(p_tenant_id => %(tenant_id)s, p_run_ids => %(run_ids)s::text[])
+
+-- name: langgraph_copy_thread --
+SELECT replaysafe.langgraph_copy_thread(p_tenant_id => %(tenant_id)s, p_source_thread_id => %(source_thread_id)s, p_target_thread_id => %(target_thread_id)s)
+
+-- name: langgraph_prune --
+SELECT replaysafe.langgraph_prune(p_tenant_id => %(tenant_id)s, p_thread_ids => %(thread_ids)s::text[], p_strategy => %(strategy)s)
