@@ -74,6 +74,8 @@ def counts(report: Any) -> dict[str, tuple[int, int]]:
 
 
 def check(report: Any) -> None:
+    print(report.checkpointer_name, {cap: (r.tests_passed, r.tests_failed, r.tests_skipped)
+                                     for cap, r in report.results.items()})
     failures = {cap: r.failures for cap, r in report.results.items() if r.failures}
     assert not failures, failures
     assert counts(report) == {cap: (n, 0) for cap, n in EXPECTED.items()}
