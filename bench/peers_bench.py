@@ -11,7 +11,8 @@ Comparisons (peer → ours):
 * LangGraph ``AsyncPostgresSaver`` → ``replaysafe_pg.langgraph.AsyncReplaysafeSaver`` (the
   drop-in, docs/langgraph.md), the same checkpoints: ``aput()`` of a 2 KB checkpoint whose parent
   is the last one (ours also checks that parent is still the newest), ``aget_tuple()`` of the
-  latest of 20, ``alist(limit=10)`` of 20;
+  latest of 20, ``alist(limit=10)`` of 20; ours as a login in ``replaysafe_worker`` bound to the
+  tenant, as deployed;
 * DBOS workflow with one no-op step (system database on this server, a database of its own)
   → ``Ledger.run`` around a no-op tool, new key each call;
 * agent-outbox ``ToolExecutor.run`` (SQLite, WAL mode, its default settings), first call and
@@ -97,6 +98,7 @@ class Env:
     lg_dsn: str  # LangGraph's tables
     dbos_url: str  # DBOS system database (SQLAlchemy URL)
     outbox_path: str  # agent-outbox SQLite file
+    rs_worker_dsn: str = ""  # replaysafe schema as a LOGIN in replaysafe_worker bound to "bench"
 
 
 # --- runners: one operation per call; ``conn`` is the connection whose statistics to flush,
@@ -295,7 +297,8 @@ def _our_saver(env: Env) -> Callable[[], Any]:
     async def make() -> Any:
         from replaysafe_pg.langgraph import AsyncReplaysafeSaver
 
-        return AsyncReplaysafeSaver(env.rs_dsn, tenant_id="bench")
+        # As deployed: a worker login bound to the tenant (no table privileges).
+        return AsyncReplaysafeSaver(env.rs_worker_dsn, tenant_id="bench")
     return make
 
 
@@ -639,6 +642,10 @@ def setup(admin: str, tmp: Path, versions: dict[str, str | None]) -> Env:
               dbos_url=f"postgresql://{parts['user']}@/dbos_bench?host={parts['host']}",
               outbox_path=str(tmp / "outbox.db"))
     replaysafe_pg.migrate(env.rs_dsn)
+    with psycopg.connect(env.rs_dsn, autocommit=True) as c:
+        c.execute("CREATE ROLE rs_bench_worker LOGIN IN ROLE replaysafe_worker")
+        c.execute("SELECT replaysafe.bind_role_to_tenant('rs_bench_worker', 'bench')")
+    env.rs_worker_dsn = pg_conninfo.make_conninfo(env.rs_dsn, user="rs_bench_worker")
     if versions["langgraph"]:
         from langgraph.checkpoint.postgres import PostgresSaver
 
