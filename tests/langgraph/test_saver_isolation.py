@@ -92,3 +92,29 @@ def test_the_async_saver_is_tenant_bound_too(dsn: str, make_role: Callable[..., 
                 await wrong.setup()
 
     asyncio.run(main())
+
+
+LANGGRAPH_CALLS = {
+    "put": "SELECT replaysafe.langgraph_put('A', %(t)s, '', 'c1', NULL, '{}', "
+           "'{\"source\": \"input\", \"step\": -1}')",
+    "put_writes": "SELECT replaysafe.langgraph_put_writes('A', %(t)s, '', 'c1', 'task', '', "
+                  "ARRAY[0], ARRAY['ch'], ARRAY['json'], ARRAY['\\x31'::bytea])",
+    "get_tuple": "SELECT * FROM replaysafe.langgraph_get_tuple('A', %(t)s, '', NULL)",
+    "list": "SELECT * FROM replaysafe.langgraph_list('A', %(t)s)",
+    "delete_thread": "SELECT replaysafe.langgraph_delete_thread('A', %(t)s)",
+    "delete_for_runs": "SELECT replaysafe.langgraph_delete_for_runs('A', ARRAY[%(t)s])",
+    "copy_thread": "SELECT replaysafe.langgraph_copy_thread('A', %(t)s, 'u')",
+    "prune": "SELECT replaysafe.langgraph_prune('A', ARRAY[%(t)s], 'delete')",
+}
+
+
+@pytest.mark.parametrize("call", sorted(LANGGRAPH_CALLS))
+def test_a_collate_clause_on_any_argument_is_refused(dsn: str, make_role: Callable[..., str],
+                                                     call: str) -> None:
+    """As for every function (tests/sql/test_collation.py): the caller's collation would win
+    over the columns' in every comparison inside the function."""
+    with psycopg.connect(login(dsn, make_role, "A"), autocommit=True) as worker:
+        with pytest.raises(psycopg.Error) as caught:
+            worker.execute(LANGGRAPH_CALLS[call].replace("%(t)s", "'t' COLLATE \"C\""))  # type: ignore[arg-type]
+        assert caught.value.sqlstate == "RS005" and "COLLATE" in str(caught.value)
+        worker.execute(LANGGRAPH_CALLS[call].replace("%(t)s", "'t'"))  # type: ignore[arg-type]
