@@ -1,4 +1,4 @@
-"""Security review of revision 0005_langgraph (the LangGraph checkpointer tables and functions)
+"""Security review of revision 0006_langgraph (the LangGraph checkpointer tables and functions)
 and of its Python side (replaysafe_pg.langgraph), tried as an attacker holding a worker's
 credentials (a LOGIN role in replaysafe_worker bound to tenant A, what a prompt-injected agent
 holds), an auditor's, or an operator's bound to A.

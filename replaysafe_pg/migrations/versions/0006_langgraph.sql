@@ -1,4 +1,4 @@
--- Revision 0005_langgraph: the tables and functions of the LangGraph checkpointers
+-- Revision 0006: the tables and functions of the LangGraph checkpointers
 -- (replaysafe_pg.langgraph, docs/langgraph.md), reached only through the functions.
 SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
 

@@ -1,4 +1,4 @@
--- Downgrade of 0005_langgraph.
+-- Downgrade of 0006.
 DROP FUNCTION replaysafe.langgraph_put(text, text, text, text, text, jsonb, jsonb, text[], text[], text[], bytea[], integer);
 DROP FUNCTION replaysafe.langgraph_put_writes(text, text, text, text, text, text, integer[], text[], text[], bytea[], boolean);
 DROP FUNCTION replaysafe.langgraph_get_tuple(text, text, text, text);
