@@ -79,6 +79,14 @@ def idem(key: str) -> str:
 
 # --- the operations, as one callable per (operation, variant) ---------------------------------
 
+def claim_query(at_0002: bool = False) -> str:
+    """The driver's claim; without the claim token (revision 0005) for a 0002 database."""
+    from replaysafe_pg import queries
+
+    text = queries.get("claim_action")
+    return text.replace(", p_claim_token => %(claim_token)s::text", "") if at_0002 else text
+
+
 def make_op(op: str, variant: str, conn: psycopg.Connection[Any], ledger: Any,
             new_key: Callable[[], str], replay_key: Callable[[], str],
             before: psycopg.Connection[Any] | None = None) -> Callable[[], None]:
@@ -86,14 +94,15 @@ def make_op(op: str, variant: str, conn: psycopg.Connection[Any], ledger: Any,
 
     request_json, result_json = json.dumps(REQUEST), json.dumps(RESULT)
     worker = ledger.worker_id
-    if variant == "0002":  # the same calls, on the database at revision 0002
+    at_0002 = variant == "0002"
+    if at_0002:  # the same calls, on the database at revision 0002
         assert before is not None
         conn, variant = before, "sql"
 
     def claim_params(key: str) -> dict[str, Any]:
         return {"tenant_id": TENANT, "action_key": key, "operation": "refund",
                 "request": request_json, "worker_id": worker, "lease": "30 seconds",
-                "thread_id": None, "on_expired": "unknown", "now": None}
+                "thread_id": None, "on_expired": "unknown", "now": None, "claim_token": None}
 
     if variant == "floor":
         def floor_insert(key: str) -> None:
@@ -118,7 +127,7 @@ def make_op(op: str, variant: str, conn: psycopg.Connection[Any], ledger: Any,
         return run
 
     if variant == "sql":
-        claim_q, complete_q = queries.get("claim_action"), queries.get("complete_action")
+        claim_q, complete_q = claim_query(at_0002), queries.get("complete_action")
 
         if op == "claim+complete":
             def run() -> None:
@@ -251,11 +260,19 @@ def setup(dsn: str, revision: str = "head") -> None:
                      (WORKER_ROLE, TENANT))
         conn.execute("SET synchronous_commit = off")  # this session only: loading, not measuring
         led = Ledger(conn, tenant_id=TENANT, worker_id="setup")
-        floor = make_op("claim+complete", "floor", conn, led, iter(
-            f"replay-{i}" for i in range(REPLAY_KEYS)).__next__, lambda: "")
+        keys = iter(f"replay-{i}" for i in range(REPLAY_KEYS)).__next__
+        floor = make_op("claim+complete", "floor", conn, led, keys, lambda: "")
+        claim_q = claim_query(revision == "0002")
         for i in range(REPLAY_KEYS):
-            c = led.claim(f"replay-{i}", "refund", REQUEST)
-            led.complete(f"replay-{i}", c.attempt, RESULT)
+            row = conn.execute(claim_q, {
+                "tenant_id": TENANT, "action_key": f"replay-{i}", "operation": "refund",
+                "request": json.dumps(REQUEST), "worker_id": "setup", "lease": "30 seconds",
+                "thread_id": None, "on_expired": "unknown", "now": None, "claim_token": None,
+            }).fetchone()
+            assert row is not None
+            conn.execute("SELECT replaysafe.complete_action(p_tenant_id => %s, p_action_key => %s, "
+                          "p_attempt => %s, p_result => %s::jsonb)",
+                          (TENANT, f"replay-{i}", row[2], json.dumps(RESULT)))
             floor()
         conn.execute("SELECT replaysafe.write_thread(p_tenant_id => %s, p_thread_id => 'th', "
                      "p_expected_version => 0, p_state => %s::jsonb)", (TENANT, json.dumps(RESULT)))
