@@ -231,13 +231,16 @@ class SyncSource:
         if self._given is not None:
             yield self._given
             return
+        # Held for the statement too: the check polls the socket, which must not race with
+        # another thread's statement on the same connection (it read that statement's answer
+        # as a goodbye, or consumed it: run_many's threads got each other's rows).
         with self._lock:
             own = self._own
             if own is None or not _usable(own):
                 if own is not None:
                     own.close()  # the server closed it while idle: reconnect, never raise
                 own = self._own = self.connect()
-        yield own
+            yield own
 
     def execute(self, query: LiteralString, params: dict[str, Any], *,
                 alone: bool = False, binary: bool = False) -> list[tuple[Any, ...]]:
@@ -330,13 +333,13 @@ class AsyncSource:
             return
         if self._lock is None:
             self._lock = asyncio.Lock()
-        async with self._lock:
+        async with self._lock:  # for the statement too: see SyncSource.connection
             own = self._own
             if own is None or not _usable(own):
                 if own is not None:
                     await own.close()
                 own = self._own = await self.connect()
-        yield own
+            yield own
 
     async def execute(self, query: LiteralString, params: dict[str, Any], *,
                       alone: bool = False, binary: bool = False) -> list[tuple[Any, ...]]:

@@ -393,7 +393,7 @@ def test_sweep_and_purge_in_another_tenants_maintenance_act_for_nobody(
         loot = dict(owner_rows(world, "SELECT what, got FROM public.loot"))
         # Acting for nobody: the sweep finds nothing to do, the purge is no operator's here.
         assert loot["sweep"] == "0" and loot["purge"] in ("0", "refused RS004"), loot
-        assert loot["revision"] == "0005", loot
+        assert loot["revision"] == replaysafe_pg.schema.head_revision(), loot
         assert loot["claim"] == "refused RS004", loot
         assert b_rows(world) == before
     finally:
