@@ -84,3 +84,25 @@ def require_maintain_privilege(dsn: str) -> None:
         row = c.execute("SELECT current_setting('server_version_num')::int").fetchone()
     if row is None or row[0] < 170000:
         pytest.skip("GRANT MAINTAIN needs Postgres 17+")
+
+
+def plan_counts(c: psycopg.Connection[Any], query: str) -> list[tuple[str, int]]:
+    """Every row count EXPLAIN ANALYZE reports on the schema's tables, node by node (scans of
+    the catalogs, which count roles anyone may list, aside)."""
+    import json
+
+    plan = c.execute(f"EXPLAIN (ANALYZE, VERBOSE, FORMAT JSON, TIMING OFF) {query}".encode()
+                     ).fetchone()
+    assert plan is not None
+    doc = plan[0] if isinstance(plan[0], list) else json.loads(plan[0])
+    out: list[tuple[str, int]] = []
+
+    def walk(node: dict[str, Any]) -> None:
+        if node.get("Schema") == "replaysafe":
+            out.extend((f"{node['Relation Name']}: {k}", int(v)) for k, v in node.items()
+                       if k.startswith(("Actual Rows", "Rows Removed")) and isinstance(v, int | float))
+        for child in node.get("Plans", []):
+            walk(child)
+
+    walk(doc[0]["Plan"])
+    return out

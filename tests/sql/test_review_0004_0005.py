@@ -26,7 +26,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from helpers.db import bind, connect_as, require_maintain_privilege
+from helpers.db import bind, connect_as, plan_counts, require_maintain_privilege
 from psycopg import conninfo as pg_conninfo
 
 import replaysafe_pg
@@ -423,24 +423,6 @@ def test_bound_sweep_and_purge_touch_only_their_tenant(world: str, make_role: Ma
     assert owner_rows(world, "SELECT action_key, state::text FROM replaysafe.actions "
                              "WHERE tenant_id = 'A' ORDER BY 1") == [("expired", "unknown"),
                                                                      ("live", "unknown")]
-
-
-def plan_counts(c: Conn, query: str) -> list[tuple[str, int]]:
-    row = c.execute(f"EXPLAIN (ANALYZE, VERBOSE, FORMAT JSON, TIMING OFF) {query}".encode()
-                    ).fetchone()
-    assert row is not None
-    doc = row[0] if isinstance(row[0], list) else json.loads(row[0])
-    out: list[tuple[str, int]] = []
-
-    def walk(node: dict[str, Any]) -> None:
-        if node.get("Schema") == "replaysafe":
-            out.extend((f"{node['Relation Name']}: {k}", int(v)) for k, v in node.items()
-                       if k.startswith(("Actual Rows", "Rows Removed")) and isinstance(v, int | float))
-        for child in node.get("Plans", []):
-            walk(child)
-
-    walk(doc[0]["Plan"])
-    return out
 
 
 def test_explain_analyze_on_the_rewritten_views_confirms_no_other_tenants_key(

@@ -16,7 +16,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from helpers.db import bind, connect_as, require_maintain_privilege
+from helpers.db import bind, connect_as, plan_counts, require_maintain_privilege
 from psycopg import sql
 
 Conn = psycopg.Connection[Any]
@@ -744,27 +744,6 @@ def test_a_workers_index_expression_run_in_another_tenants_session_acts_for_nobo
     finally:
         with psycopg.connect(world, autocommit=True) as owner:
             owner.execute(f'DROP OWNED BY "{attacker}" CASCADE')
-
-
-def plan_counts(c: Conn, query: str) -> list[tuple[str, int]]:
-    """Every row count EXPLAIN ANALYZE reports on the schema's tables, node by node (scans of
-    the catalogs, which count roles anyone may list, aside)."""
-    import json
-
-    plan = c.execute(f"EXPLAIN (ANALYZE, VERBOSE, FORMAT JSON, TIMING OFF) {query}").fetchone()
-    assert plan is not None
-    doc = plan[0] if isinstance(plan[0], list) else json.loads(plan[0])
-    out: list[tuple[str, int]] = []
-
-    def walk(node: dict[str, Any]) -> None:
-        if node.get("Schema") == "replaysafe":
-            out.extend((f"{node['Relation Name']}: {k}", int(v)) for k, v in node.items()
-                       if k.startswith(("Actual Rows", "Rows Removed")) and isinstance(v, int | float))
-        for child in node.get("Plans", []):
-            walk(child)
-
-    walk(doc[0]["Plan"])
-    return out
 
 
 def test_explain_analyze_cannot_confirm_another_tenants_key(world: str, worker_a: Conn) -> None:
