@@ -119,18 +119,6 @@ FROM generate_series(%(lo)s::bigint, %(hi)s::bigint - 1, 10) AS i, {ACTION_OF_I}
 CHUNK = 1_000_000
 
 
-def dsn_for(base: str, dbname: str, user: str | None = None) -> str:
-    params = pg_conninfo.conninfo_to_dict(base)
-    params["dbname"] = dbname
-    if user:
-        params["user"] = user
-    return pg_conninfo.make_conninfo(**params)
-
-
-def as_user(dsn: str, user: str) -> str:
-    return pg_conninfo.make_conninfo(dsn, user=user)
-
-
 def load(dsn: str, n: int) -> float:
     """Bulk-load ``n`` actions (with attempts, threads and versions); seconds taken."""
     t0 = time.perf_counter()
@@ -169,7 +157,7 @@ def prepare(admin: str, label: str, n: int, reuse: bool) -> tuple[str, float | N
             exists = None
         if not exists:
             c.execute(f"CREATE DATABASE {db}")
-    dsn = dsn_for(admin, db)
+    dsn = pg_conninfo.make_conninfo(admin, dbname=db)
     replaysafe_pg.migrate(dsn)
     with psycopg.connect(dsn, autocommit=True) as c:
         loaded = c.execute("SELECT to_regclass('public.scale_meta') IS NOT NULL").fetchone()
@@ -191,13 +179,17 @@ class Target:
 
     def __init__(self, label: str, dsn: str, run_id: str) -> None:
         self.label = label
-        self.worker = psycopg.connect(as_user(dsn, WORKER), autocommit=True, prepare_threshold=0)
-        self.operator = psycopg.connect(as_user(dsn, OPERATOR), autocommit=True, prepare_threshold=0)
-        self.owner = psycopg.connect(dsn, autocommit=True, prepare_threshold=0)
+        def login(user: str | None = None) -> psycopg.Connection[Any]:
+            conninfo = pg_conninfo.make_conninfo(dsn, user=user) if user else dsn
+            return psycopg.connect(conninfo, autocommit=True, prepare_threshold=0)
+
+        self.worker, self.operator, self.owner = login(WORKER), login(OPERATOR), login()
         self.run_id = run_id
         self.seq = 0
         self.claimed: tuple[str, int] | None = None
         self.rng = random.Random(7)
+        # A sweep or purge sample's open transaction, rolled back after the timed call.
+        self.pending_rollback: psycopg.Connection[Any] | None = None
 
     def close(self) -> None:
         self.worker.close()
@@ -265,7 +257,7 @@ def operations() -> dict[str, Callable[[Target], Callable[[], Any]]]:
                 return row
 
             conn.execute("BEGIN")
-            t.pending_rollback = conn  # type: ignore[attr-defined]
+            t.pending_rollback = conn
             return call
         return make
 
@@ -306,10 +298,9 @@ def measure(targets: list[Target], samples: int) -> dict[str, dict[str, list[flo
                 t0 = time.perf_counter()
                 call()
                 times[op][t.label].append((time.perf_counter() - t0) * 1e6)
-                pending = getattr(t, "pending_rollback", None)
-                if pending is not None:
-                    pending.execute("ROLLBACK")
-                    t.pending_rollback = None  # type: ignore[attr-defined]
+                if t.pending_rollback is not None:
+                    t.pending_rollback.execute("ROLLBACK")
+                    t.pending_rollback = None
     return times
 
 
