@@ -49,6 +49,8 @@ class StaleStateError(ReplaysafeError):
         if detail:
             with contextlib.suppress(ValueError):
                 info = json.loads(detail)
+        # The DETAIL's JSON, read once (subclasses take their fields from it too).
+        self._detail_fields = info
         self.thread_id: str | None = info.get("thread_id")
         self.expected_version: int | None = info.get("expected_version")
         self.current_version: int | None = info.get("current_version")
@@ -63,10 +65,7 @@ class StaleCheckpointError(StaleStateError):
 
     def __init__(self, message: str, *, detail: str | None = None) -> None:
         super().__init__(message, detail=detail)
-        info: dict[str, Any] = {}
-        if detail:
-            with contextlib.suppress(ValueError):
-                info = json.loads(detail)
+        info = self._detail_fields
         self.checkpoint_ns: str | None = info.get("checkpoint_ns")
         self.checkpoint_id: str | None = info.get("checkpoint_id")
         self.expected_checkpoint_id: str | None = info.get("expected_checkpoint_id")
