@@ -106,3 +106,18 @@ def plan_counts(c: psycopg.Connection[Any], query: str) -> list[tuple[str, int]]
 
     walk(doc[0]["Plan"])
     return out
+
+
+def sqlstate(c: psycopg.Connection[Any], query: str, params: Any = None) -> str | None:
+    """The SQLSTATE ``query`` raises, or None when it succeeds."""
+    try:
+        c.execute(query.encode(), params)
+    except psycopg.Error as exc:
+        return exc.sqlstate
+    return None
+
+
+def owner_rows(dsn: str, query: str, params: Any = None) -> list[tuple[Any, ...]]:
+    """``query``'s rows, read on a connection of ``dsn``'s own role (the schema owner)."""
+    with psycopg.connect(dsn) as c:
+        return c.execute(query.encode(), params).fetchall()

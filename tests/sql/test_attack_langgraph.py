@@ -31,7 +31,7 @@ pytest.importorskip("langgraph")
 
 
 import ormsgpack
-from helpers.db import bind, connect_as
+from helpers.db import bind, connect_as, sqlstate
 from helpers.lg_graphs import NODES, chain_graph
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
@@ -59,15 +59,6 @@ PUT_WRITES = ("SELECT replaysafe.langgraph_put_writes(p_tenant_id => %(tenant)s,
 LANGGRAPH_FUNCTIONS = ("langgraph_put", "langgraph_put_writes", "langgraph_get_tuple",
                        "langgraph_list", "langgraph_delete_thread", "langgraph_delete_for_runs",
                        "langgraph_copy_thread", "langgraph_prune")
-
-
-def sqlstate(c: Conn, query: str, params: Any = None) -> str | None:
-    """The SQLSTATE ``query`` raises, or None when it succeeds."""
-    try:
-        c.execute(query, params)  # type: ignore[arg-type]
-    except psycopg.Error as exc:
-        return exc.sqlstate
-    return None
 
 
 def put_params(tenant: str = "A", thread: str = "t", **over: Any) -> dict[str, Any]:

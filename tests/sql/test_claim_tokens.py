@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from helpers.db import bind, connect_as
+from helpers.db import bind, connect_as, sqlstate
 
 Conn = psycopg.Connection[Any]
 
@@ -32,14 +32,6 @@ def claim(c: Conn, key: str, token: str | None, *, tenant: str = "A", worker: st
     row = c.execute(query.encode(), params).fetchone()
     assert row is not None
     return tuple(row)
-
-
-def sqlstate(c: Conn, query: str, params: Any = None) -> str | None:
-    try:
-        c.execute(query.encode(), params)
-    except psycopg.Error as exc:
-        return exc.sqlstate
-    return None
 
 
 @pytest.fixture

@@ -26,21 +26,13 @@ from typing import Any
 
 import psycopg
 import pytest
-from helpers.db import bind, connect_as, plan_counts, require_maintain_privilege
+from helpers.db import bind, connect_as, owner_rows, plan_counts, require_maintain_privilege, sqlstate
 from psycopg import conninfo as pg_conninfo
 
 import replaysafe_pg
 
 Conn = psycopg.Connection[Any]
 MakeRole = Callable[..., str]
-
-
-def sqlstate(c: Conn, query: str, params: Any = None) -> str | None:
-    try:
-        c.execute(query.encode(), params)
-    except psycopg.Error as exc:
-        return exc.sqlstate
-    return None
 
 
 CLAIM = ("SELECT outcome, attempt FROM replaysafe.claim_action(p_tenant_id => %(tenant)s, "
@@ -91,11 +83,6 @@ def world(dsn: str) -> str:
             c.execute("SELECT replaysafe.write_thread(p_tenant_id => %s, p_thread_id => 'mine', "
                       "p_expected_version => 0, p_state => '{\"n\": 1}', p_user_id => 'alice')", (t,))
     return dsn
-
-
-def owner_rows(dsn: str, query: str, params: Any = None) -> list[tuple[Any, ...]]:
-    with psycopg.connect(dsn) as c:
-        return c.execute(query.encode(), params).fetchall()
 
 
 def b_rows(dsn: str) -> list[tuple[Any, ...]]:

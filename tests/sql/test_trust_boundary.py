@@ -16,7 +16,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from helpers.db import bind, connect_as, plan_counts, require_maintain_privilege
+from helpers.db import bind, connect_as, owner_rows, plan_counts, require_maintain_privilege, sqlstate
 from psycopg import sql
 
 Conn = psycopg.Connection[Any]
@@ -27,15 +27,6 @@ TABLES = ("actions", "action_attempts", "role_bindings", "installation", "thread
           "thread_versions", "alembic_version")
 VIEWS = ("actions_v", "action_attempts_v", "unresolved_actions", "multi_effect_actions",
          "threads_v")
-
-
-def sqlstate(c: Conn, query: str, params: Any = None) -> str | None:
-    """The SQLSTATE ``query`` raises, or None when it succeeds."""
-    try:
-        c.execute(query, params)
-    except psycopg.Error as exc:
-        return exc.sqlstate
-    return None
 
 
 def seed(dsn: str) -> None:
@@ -57,11 +48,6 @@ def seed(dsn: str) -> None:
 def world(dsn: str) -> str:
     seed(dsn)
     return dsn
-
-
-def owner_rows(dsn: str, query: str) -> list[tuple[Any, ...]]:
-    with psycopg.connect(dsn) as c:
-        return c.execute(query).fetchall()
 
 
 # --- finding 1: function hijack through search_path -------------------------------------------
