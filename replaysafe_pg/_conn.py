@@ -55,10 +55,12 @@ def dropped(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> boo
     if conn.info.transaction_status != TransactionStatus.IDLE:
         return False
     pgconn = conn.pgconn
-    # The goodbye may take two reads: the server's FATAL message, then the end of file.
-    for _ in range(3):
+    # The goodbye may take two reads: the server's FATAL message, then the end of file, which
+    # follows once the backend has exited: after a first read, wait a moment for it (only
+    # an idle connection that was sent something waits; an ordinary one returns at once).
+    for wait in (0.0, 0.05, 0.05):
         try:
-            readable, _, _ = select.select([pgconn.socket], [], [], 0)
+            readable, _, _ = select.select([pgconn.socket], [], [], wait)
         except (OSError, ValueError, psycopg.OperationalError):
             return True
         if not readable:
