@@ -1,0 +1,73 @@
+"""The security-restricted-operation probe (revision 0007): an UNLISTEN of a channel nobody
+listens on. It must answer true only inside a security-restricted operation, and elsewhere
+leave the session exactly as it was: its own LISTENs, read-only transactions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from helpers.db import bind, connect_as
+
+Conn = psycopg.Connection[Any]
+
+REPLAY = ("SELECT outcome FROM replaysafe.claim_action(p_tenant_id => 'A', p_action_key => 'done', "
+          "p_operation => 'refund', p_request => '{}', p_worker_id => 'w')")
+
+
+@pytest.fixture
+def world(dsn: str) -> str:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("SELECT replaysafe.claim_action(p_tenant_id => 'A', p_action_key => 'done', "
+                  "p_operation => 'refund', p_request => '{}', p_worker_id => 'w')")
+        c.execute("SELECT replaysafe.complete_action(p_tenant_id => 'A', p_action_key => 'done', "
+                  "p_attempt => 1, p_result => '{\"ok\": true}')")
+    return dsn
+
+
+@pytest.fixture
+def worker(world: str, make_role: Callable[..., str]) -> Iterator[Conn]:
+    role = make_role("replaysafe_worker")
+    bind(world, role, "A")
+    with connect_as(world, role) as c:
+        yield c
+
+
+def test_the_probe_is_true_only_inside_a_security_restricted_operation(world: str) -> None:
+    with psycopg.connect(world, autocommit=True) as owner:
+        seen: list[str] = []
+        owner.add_notice_handler(lambda d: seen.append(d.message_primary or ""))
+        assert owner.execute("SELECT replaysafe._in_restricted_operation()").fetchone() == (False,)
+        owner.execute("CREATE TABLE public.probe_bait (i integer)")
+        owner.execute("""
+            CREATE FUNCTION public.probe_idx(integer) RETURNS integer LANGUAGE plpgsql IMMUTABLE
+            AS $$ BEGIN RAISE NOTICE 'restricted=%', replaysafe._in_restricted_operation();
+                        RETURN $1; END $$""")
+        owner.execute("CREATE INDEX ON public.probe_bait (public.probe_idx(i))")
+        owner.execute("INSERT INTO public.probe_bait VALUES (1)")  # index insert: not restricted
+        owner.execute("ANALYZE public.probe_bait")  # index expressions analyzed: restricted
+        assert seen == ["restricted=f", "restricted=t"], seen
+
+
+def test_the_probe_leaves_the_sessions_own_listen_alone(world: str, worker: Conn) -> None:
+    worker.execute("LISTEN replaysafe_actions")
+    for _ in range(3):  # every call probes (autocommit: each its own transaction)
+        assert worker.execute(REPLAY).fetchone() == ("replay",)
+    with worker.transaction():  # and in one transaction, next to a LISTEN of its own
+        worker.execute("LISTEN replaysafe_other")
+        assert worker.execute(REPLAY).fetchone() == ("replay",)
+    assert sorted(r[0] for r in worker.execute("SELECT pg_listening_channels()")) == [
+        "replaysafe_actions", "replaysafe_other"]
+    with psycopg.connect(world, autocommit=True) as owner:
+        owner.execute("SELECT pg_notify('replaysafe_actions', 'wake')")
+    got = next(worker.notifies(timeout=5, stop_after=1), None)
+    assert got is not None and got.payload == "wake"
+
+
+def test_a_replay_in_a_read_only_transaction(worker: Conn) -> None:
+    with worker.transaction():
+        worker.execute("SET TRANSACTION READ ONLY")
+        assert worker.execute(REPLAY).fetchone() == ("replay",)
