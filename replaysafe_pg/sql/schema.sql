@@ -470,6 +470,39 @@ $$;
 -- The action ledger
 -- ---------------------------------------------------------------------------------------
 
+-- The first attempt of an action has no row in action_attempts while the action row says
+-- all there is to say about it: a claim writes one row, its report updates one row (issue 12:
+-- the extra row cost a third of a claim+complete's WAL). Its row is written, from the action
+-- row, by _keep_first_attempt before anything but that attempt's own report changes the
+-- action (expiry, a second attempt, an operator's resolve or reopen, a late or superseded
+-- report); until then the audit view shows the row derived here (action_attempts_v).
+CREATE VIEW replaysafe._first_attempts AS
+SELECT x.tenant_id, x.action_key, x.attempt, x.worker_id, x.created_at AS claimed_at,
+       CASE WHEN x.state <> 'running' THEN x.updated_at END AS ended_at,
+       CASE WHEN x.state <> 'running' THEN x.state END AS outcome,
+       false AS superseded, x.error, x.result, x.provider_reference
+FROM replaysafe.actions x
+WHERE x.attempt = 1
+  AND NOT EXISTS (SELECT 1 FROM replaysafe.action_attempts t
+                  WHERE t.tenant_id = x.tenant_id AND t.action_key = x.action_key
+                    AND t.attempt = 1);
+
+-- The caller holds the action's row lock.
+CREATE FUNCTION replaysafe._keep_first_attempt(p_tenant_id text, p_action_key text)
+RETURNS void
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp
+AS $$
+    INSERT INTO replaysafe.action_attempts (tenant_id, action_key, attempt, worker_id, claimed_at,
+                                            ended_at, outcome, superseded, error, result,
+                                            provider_reference)
+    SELECT f.tenant_id, f.action_key, f.attempt, f.worker_id, f.claimed_at, f.ended_at, f.outcome,
+           f.superseded, f.error, f.result, f.provider_reference
+    FROM replaysafe._first_attempts f
+    WHERE f.tenant_id = p_tenant_id AND f.action_key = p_action_key
+    ON CONFLICT DO NOTHING
+$$;
+
 -- Claim an action: create it, or find it and answer what the caller must do.
 -- Outcomes: claimed | replay | running | unknown; RS001 on a changed fingerprint.
 -- A replay or an "unknown" answer reads one row without locking and writes nothing.
@@ -572,8 +605,8 @@ BEGIN
         RETURNING x.state, x.attempt, x.lease_expires_at, x.idempotency_key
         INTO a.state, a.attempt, a.lease_expires_at, a.idempotency_key;
         IF FOUND THEN
-            INSERT INTO replaysafe.action_attempts (tenant_id, action_key, attempt, worker_id, claimed_at)
-            VALUES (p_tenant_id, p_action_key, 1, p_worker_id, p_now);
+            -- No attempt row: the action row is the record of its first attempt until
+            -- something else than that attempt's own report changes it (_keep_first_attempt).
             RETURN ('claimed', a.state, a.attempt, a.lease_expires_at, a.result, a.error,
                 a.idempotency_key, a.provider_reference)::replaysafe.claim_record;
         END IF;
@@ -642,6 +675,9 @@ BEGIN
     END IF;
 
     -- retryable, or an expired lease under on_expired = 'reclaim': a new attempt.
+    IF a.attempt = 1 THEN
+        PERFORM replaysafe._keep_first_attempt(p_tenant_id, p_action_key);
+    END IF;
     UPDATE replaysafe.actions x
     SET state = 'running', attempt = x.attempt + 1, worker_id = p_worker_id,
         lease_expires_at = p_now + p_lease, has_waiters = false, result = NULL, error = NULL,
@@ -663,10 +699,13 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    UPDATE replaysafe.action_attempts t
-    SET outcome = 'unknown', ended_at = p_now,
-        error = jsonb_build_object('reason', 'lease_expired', 'lease_expires_at', a.lease_expires_at)
-    WHERE t.tenant_id = a.tenant_id AND t.action_key = a.action_key AND t.attempt = a.attempt;
+    -- A first attempt has no row yet (claim_action): it gets one, from the action row.
+    INSERT INTO replaysafe.action_attempts AS t (tenant_id, action_key, attempt, worker_id,
+                                                 claimed_at, ended_at, outcome, error)
+    VALUES (a.tenant_id, a.action_key, a.attempt, a.worker_id, a.created_at, p_now, 'unknown',
+            jsonb_build_object('reason', 'lease_expired', 'lease_expires_at', a.lease_expires_at))
+    ON CONFLICT (tenant_id, action_key, attempt) DO UPDATE
+    SET outcome = excluded.outcome, ended_at = excluded.ended_at, error = excluded.error;
     -- A NOTIFY fails at commit once the queue is full (any role can fill it): then the
     -- waiters claim again by the lease, as they would for a dead owner.
     IF a.has_waiters AND pg_notification_queue_usage() < 0.5 THEN
@@ -843,6 +882,9 @@ BEGIN
             PERFORM replaysafe._raise('RS006', format(
                 'action %s has no attempt %s (latest is %s)', p_action_key, p_attempt, a.attempt));
         END IF;
+        IF a.attempt = 1 THEN  -- the report below is not the action's: its row keeps what was
+            PERFORM replaysafe._keep_first_attempt(p_tenant_id, p_action_key);
+        END IF;
         SELECT t.outcome, t.claimed_at INTO v_prior, v_claimed
         FROM replaysafe.action_attempts t
         WHERE t.tenant_id = p_tenant_id AND t.action_key = p_action_key AND t.attempt = p_attempt;
@@ -1007,6 +1049,9 @@ BEGIN
         PERFORM replaysafe._raise('RS006', format(
             'action %s is on attempt %s, not %s', p_action_key, v_attempt, p_expected_attempt));
     END IF;
+    IF v_attempt = 1 THEN  -- the attempt's row keeps its own outcome, not the operator's
+        PERFORM replaysafe._keep_first_attempt(p_tenant_id, p_action_key);
+    END IF;
 
     UPDATE replaysafe.actions x
     SET state = v_state, result = p_result, error = p_error,
@@ -1058,6 +1103,7 @@ BEGIN
         PERFORM replaysafe._raise('RS006', format(
             'action %s is %s; only failed actions can be reopened', p_action_key, v_old));
     END IF;
+    PERFORM replaysafe._keep_first_attempt(p_tenant_id, p_action_key);  -- if it is the first
     UPDATE replaysafe.actions x
     SET state = 'retryable', resolution_note = p_note, resolved_at = p_now, updated_at = p_now,
         completed_at = NULL
@@ -1115,7 +1161,7 @@ BEGIN
 
     WITH due AS (
         SELECT x.tenant_id, x.action_key, x.attempt, x.on_expired, x.has_waiters,
-               x.idempotency_key, x.lease_expires_at
+               x.idempotency_key, x.lease_expires_at, x.worker_id, x.created_at
         FROM unnest(v_tenants, v_actions) AS k(tenant_id, action_key)
         JOIN replaysafe.actions x ON x.tenant_id = k.tenant_id AND x.action_key = k.action_key
     ), moved AS (
@@ -1125,12 +1171,14 @@ BEGIN
         FROM due d
         WHERE x.tenant_id = d.tenant_id AND x.action_key = d.action_key
         RETURNING x.tenant_id
-    ), closed AS (  -- data-modifying CTEs always run to completion
-        UPDATE replaysafe.action_attempts t
-        SET outcome = 'unknown', ended_at = p_now,
-            error = jsonb_build_object('reason', 'lease_expired', 'lease_expires_at', d.lease_expires_at)
+    ), closed AS (  -- data-modifying CTEs always run to completion; see _expire_attempt
+        INSERT INTO replaysafe.action_attempts AS t (tenant_id, action_key, attempt, worker_id,
+                                                     claimed_at, ended_at, outcome, error)
+        SELECT d.tenant_id, d.action_key, d.attempt, d.worker_id, d.created_at, p_now, 'unknown',
+               jsonb_build_object('reason', 'lease_expired', 'lease_expires_at', d.lease_expires_at)
         FROM due d
-        WHERE t.tenant_id = d.tenant_id AND t.action_key = d.action_key AND t.attempt = d.attempt
+        ON CONFLICT (tenant_id, action_key, attempt) DO UPDATE
+        SET outcome = excluded.outcome, ended_at = excluded.ended_at, error = excluded.error
         RETURNING t.tenant_id
     )
     SELECT (SELECT count(*) FROM moved), array_agg(d.idempotency_key) FILTER (WHERE d.has_waiters)
@@ -1535,10 +1583,22 @@ SELECT x.tenant_id, x.action_key, x.thread_id, x.operation, x.state, x.attempt, 
        x.created_at, x.updated_at, x.completed_at, x.worker_id, x.resolution_note, x.resolved_at
 FROM replaysafe._visible_actions x;
 
+-- First attempts without a row of their own (_first_attempts), filtered as above.
+CREATE VIEW replaysafe._visible_first_attempts WITH (security_barrier = true) AS
+SELECT f.* FROM replaysafe._first_attempts f
+WHERE f.tenant_id = (SELECT r.tenant_id FROM replaysafe._reader r)
+UNION ALL
+SELECT f.* FROM replaysafe._first_attempts f
+WHERE (SELECT r.reads_all FROM replaysafe._reader r);
+
 CREATE VIEW replaysafe.action_attempts_v WITH (security_barrier = true) AS
 SELECT t.tenant_id, t.action_key, t.attempt, t.worker_id, t.claimed_at, t.ended_at, t.outcome,
        t.superseded, t.error, t.result, t.provider_reference
-FROM replaysafe._visible_attempts t;
+FROM replaysafe._visible_attempts t
+UNION ALL
+SELECT f.tenant_id, f.action_key, f.attempt, f.worker_id, f.claimed_at, f.ended_at, f.outcome,
+       f.superseded, f.error, f.result, f.provider_reference
+FROM replaysafe._visible_first_attempts f;
 
 CREATE VIEW replaysafe.unresolved_actions WITH (security_barrier = true) AS
 SELECT x.tenant_id, x.action_key, x.operation, x.state, x.lease_expires_at,

@@ -235,7 +235,7 @@ def test_purge_deletes_old_terminal_actions_in_batches(dsn: str) -> None:
     left = {r["action_key"] for r in run_json("actions", "list", dsn=dsn)}
     assert left == {"lost", "recent"}
     with psycopg.connect(dsn) as conn:
-        assert conn.execute("SELECT count(*) FROM replaysafe.action_attempts").fetchone() == (2,)
+        assert conn.execute("SELECT count(*) FROM replaysafe.action_attempts_v").fetchone() == (2,)
     again = run_json("purge", "--older-than", "7d", dsn=dsn)
     assert (again["purged"], again["batches"]) == (0, 1)
 

@@ -29,7 +29,8 @@ def claim_sql(conn: psycopg.Connection[Any], key: str, now: Any, *, worker: str 
 
 
 def install_transition_log(conn: psycopg.Connection[Any]) -> None:
-    """Record every UPDATE of an action's state/attempt and of an attempt row (test only)."""
+    """Record every UPDATE of an action's state/attempt, and every attempt row updated or
+    inserted with an outcome (a first attempt's row is written when it closes) (test only)."""
     conn.execute("""
         CREATE TABLE public.transitions (
             seq serial PRIMARY KEY, tbl text, action_key text, attempt int,
@@ -45,13 +46,15 @@ def install_transition_log(conn: psycopg.Connection[Any]) -> None:
         END $$;
         CREATE FUNCTION public.log_attempt() RETURNS trigger LANGUAGE plpgsql AS $$
         BEGIN
-            INSERT INTO public.transitions (tbl, action_key, attempt, old_state, new_state)
-            VALUES ('attempts', NEW.action_key, NEW.attempt, OLD.outcome, NEW.outcome);
+            IF TG_OP = 'UPDATE' OR NEW.outcome IS NOT NULL THEN
+                INSERT INTO public.transitions (tbl, action_key, attempt, old_state, new_state)
+                VALUES ('attempts', NEW.action_key, NEW.attempt, OLD.outcome, NEW.outcome);
+            END IF;
             RETURN NEW;
         END $$;
         CREATE TRIGGER log_action AFTER UPDATE ON replaysafe.actions
             FOR EACH ROW EXECUTE FUNCTION public.log_action();
-        CREATE TRIGGER log_attempt AFTER UPDATE ON replaysafe.action_attempts
+        CREATE TRIGGER log_attempt AFTER INSERT OR UPDATE ON replaysafe.action_attempts
             FOR EACH ROW EXECUTE FUNCTION public.log_attempt();
     """)
 

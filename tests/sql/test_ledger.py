@@ -419,7 +419,7 @@ def test_purge_deletes_only_old_terminal_actions(ledger: Ledger, conn: Any) -> N
     assert ledger.purge(timedelta(days=1), now=at(day + 2)) == 2
     left = {r[0] for r in conn.execute("SELECT action_key FROM replaysafe.actions")}
     assert left == {"unknown", "retryable", "running"}
-    kept = {r[0] for r in conn.execute("SELECT DISTINCT action_key FROM replaysafe.action_attempts")}
+    kept = {r[0] for r in conn.execute("SELECT DISTINCT action_key FROM replaysafe.action_attempts_v")}
     assert kept == left
 
 

@@ -53,7 +53,7 @@ def action(conn: psycopg.Connection[Any], key: str = "k") -> tuple[Any, ...]:
 
 def attempt_rows(conn: psycopg.Connection[Any], key: str = "k") -> list[tuple[Any, ...]]:
     return conn.execute("SELECT attempt, outcome, ended_at, superseded FROM "
-                        "replaysafe.action_attempts WHERE action_key = %s ORDER BY attempt",
+                        "replaysafe.action_attempts_v WHERE action_key = %s ORDER BY attempt",
                         (key,)).fetchall()
 
 

@@ -1,0 +1,161 @@
+"""Revision 0007: an action's first attempt has no row in action_attempts until something
+other than its own report changes the action. The audit view must answer exactly as when
+every attempt had its row: each transition below is checked against the row 0006 wrote.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+import replaysafe_pg
+from replaysafe_pg import Ledger
+
+T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+LEASE = timedelta(seconds=30)
+COLUMNS = "attempt, worker_id, claimed_at, ended_at, outcome::text, superseded, result, error"
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def claim(led: Ledger, seconds: float = 0, **kw: Any) -> Any:
+    return led.claim("k", "refund", {"order": 42}, lease=LEASE, now=at(seconds), **kw)
+
+
+def view(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
+    return conn.execute(f"SELECT {COLUMNS} FROM replaysafe.action_attempts_v "
+                        "WHERE action_key = 'k' ORDER BY attempt").fetchall()
+
+
+def stored(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
+    return conn.execute(f"SELECT {COLUMNS} FROM replaysafe.action_attempts "
+                        "WHERE action_key = 'k' ORDER BY attempt").fetchall()
+
+
+def test_claim_and_complete_write_no_attempt_row_yet_the_view_shows_it(
+        ledger: Ledger, conn: Any) -> None:
+    claim(ledger)
+    assert stored(conn) == []
+    assert view(conn) == [(1, "w1", at(0), None, None, False, None, None)]
+    ledger.complete("k", 1, {"ok": True}, now=at(1))
+    assert stored(conn) == []
+    assert view(conn) == [(1, "w1", at(0), at(1), "succeeded", False, {"ok": True}, None)]
+    ledger.complete("k", 1, {"ok": True}, now=at(2))  # a retried commit that had landed
+    assert view(conn) == [(1, "w1", at(0), at(1), "succeeded", False, {"ok": True}, None)]
+
+
+@pytest.mark.parametrize("how", ["failed", "retryable", "unknown"])
+def test_the_attempts_own_report_is_its_row(ledger: Ledger, conn: Any, how: str) -> None:
+    claim(ledger)
+    if how == "unknown":
+        ledger.mark_unknown("k", 1, {"why": "timeout"}, now=at(1))
+    else:
+        ledger.fail("k", 1, {"why": "card"}, retryable=how == "retryable", now=at(1))
+    error = {"why": "timeout" if how == "unknown" else "card"}
+    assert stored(conn) == []
+    assert view(conn) == [(1, "w1", at(0), at(1), how, False, None, error)]
+
+
+def test_a_second_attempt_keeps_the_first_ones_row(ledger: Ledger, conn: Any) -> None:
+    claim(ledger)
+    ledger.fail("k", 1, {"why": "busy"}, retryable=True, now=at(1))
+    claim(ledger, seconds=2)
+    first = (1, "w1", at(0), at(1), "retryable", False, None, {"why": "busy"})
+    assert stored(conn) == [first, (2, "w1", at(2), None, None, False, None, None)]
+    assert view(conn) == stored(conn)
+
+
+@pytest.mark.parametrize("noticed_by", ["sweep", "claim"])
+def test_an_expiry_writes_the_first_attempts_row(ledger: Ledger, conn: Any,
+                                                 noticed_by: str) -> None:
+    claim(ledger)
+    if noticed_by == "sweep":
+        assert ledger.sweep(now=at(31)) == 1
+    else:
+        assert claim(ledger, seconds=31).outcome == "unknown"
+    expired = {"reason": "lease_expired", "lease_expires_at": "2026-01-01T12:00:30+00:00"}
+    assert stored(conn) == [(1, "w1", at(0), at(31), "unknown", False, None, expired)]
+    assert view(conn) == stored(conn)
+
+
+def test_an_operators_resolution_leaves_the_attempts_own_outcome(
+        ledger: Ledger, conn: Any) -> None:
+    claim(ledger)
+    ledger.mark_unknown("k", 1, {"why": "timeout"}, now=at(1))
+    ledger.resolve("k", "succeeded", result={"found": True}, note="seen at the bank", now=at(5))
+    attempt = (1, "w1", at(0), at(1), "unknown", False, None, {"why": "timeout"})
+    assert stored(conn) == [attempt] and view(conn) == [attempt]
+    # ... and a zombie report of that attempt after the resolution is kept, superseded.
+    assert ledger.complete("k", 1, {"late": True}, now=at(6)) == "superseded"
+    assert view(conn) == [(1, "w1", at(0), at(1), "succeeded", True, {"late": True},
+                           {"why": "timeout"})]
+
+
+def test_a_reopen_leaves_the_attempts_own_failure(ledger: Ledger, conn: Any) -> None:
+    claim(ledger)
+    ledger.fail("k", 1, {"why": "card"}, now=at(1))
+    ledger.reopen("k", note="card replaced", now=at(5))
+    attempt = (1, "w1", at(0), at(1), "failed", False, None, {"why": "card"})
+    assert stored(conn) == [attempt] and view(conn) == [attempt]
+
+
+def test_a_late_report_after_the_attempts_own_unknown(ledger: Ledger, conn: Any) -> None:
+    claim(ledger)
+    ledger.mark_unknown("k", 1, {"why": "timeout"}, now=at(1))
+    assert ledger.complete("k", 1, {"ok": True}, now=at(2)) == "late"
+    assert view(conn) == [(1, "w1", at(0), at(1), "succeeded", False, {"ok": True},
+                           {"why": "timeout"})]
+
+
+def test_a_success_after_the_attempts_own_failure_shows(ledger: Ledger, conn: Any) -> None:
+    claim(ledger)
+    ledger.fail("k", 1, {"why": "card"}, now=at(1))
+    assert ledger.complete("k", 1, {"ok": True}, now=at(2)) == "superseded"
+    assert view(conn) == [(1, "w1", at(0), at(1), "succeeded", True, {"ok": True},
+                           {"why": "card"})]
+    assert ledger.get("k").state == "failed"  # type: ignore[union-attr]
+
+
+def test_a_bound_reader_sees_its_own_first_attempts_only(
+        dsn: str, make_role: Callable[..., str]) -> None:
+    from helpers.db import bind, connect_as
+
+    for tenant in ("A", "B"):
+        with Ledger(dsn, tenant_id=tenant, worker_id="w1") as led:
+            claim(led)
+    reader = make_role("replaysafe_auditor")
+    bind(dsn, reader, "A")
+    with connect_as(dsn, reader) as c:
+        assert c.execute("SELECT tenant_id, attempt FROM replaysafe.action_attempts_v"
+                         ).fetchall() == [("A", 1)]
+
+
+def test_0007_downgrade_writes_every_first_attempts_row(empty_dsn: str) -> None:
+    dsn = empty_dsn
+    replaysafe_pg.migrate(dsn)
+    with Ledger(dsn, tenant_id="t1", worker_id="w1") as led, \
+            psycopg.connect(dsn, autocommit=True) as conn:
+        claim(led)
+        led.complete("k", 1, {"ok": True}, now=at(1))
+        led.claim("running", "refund", {}, lease=LEASE, now=at(0))
+        before = conn.execute(f"SELECT action_key, {COLUMNS} FROM replaysafe.action_attempts_v "
+                              "ORDER BY 1, 2").fetchall()
+        assert len(before) == 2
+        replaysafe_pg.downgrade(dsn, "0006")
+        after = conn.execute(f"SELECT action_key, {COLUMNS} FROM replaysafe.action_attempts "
+                             "ORDER BY 1, 2").fetchall()
+        assert after == before
+        # 0006's complete updates the row the downgrade wrote.
+        led.complete("running", 1, {"ok": 2}, now=at(1))
+        assert conn.execute("SELECT outcome::text FROM replaysafe.action_attempts "
+                            "WHERE action_key = 'running'").fetchone() == ("succeeded",)
+        replaysafe_pg.migrate(dsn)  # and up again: the stored rows are used as they are
+        assert conn.execute(f"SELECT action_key, {COLUMNS} FROM replaysafe.action_attempts_v "
+                            "ORDER BY 1, 2").fetchall() == conn.execute(
+            f"SELECT action_key, {COLUMNS} FROM replaysafe.action_attempts ORDER BY 1, 2").fetchall()
