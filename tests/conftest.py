@@ -26,9 +26,9 @@ import replaysafe_pg
 from replaysafe_pg import embedded
 
 # Test-only settings: durability off, so cloning databases is cheap. Benchmarks use their
-# own server with the defaults.
+# own server with the defaults. Prepared transactions: tests/sql/test_probe.py.
 FAST_SETTINGS = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off",
-                 "max_connections": "200"}
+                 "max_connections": "200", "max_prepared_transactions": "10"}
 
 
 def _docker_answers() -> bool:

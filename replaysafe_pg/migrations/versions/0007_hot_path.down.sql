@@ -1,5 +1,5 @@
 -- Downgrade of 0007: every first attempt gets its row (0006 expects one per attempt), then
--- 0006's definitions and the DEALLOCATE probe of 0003.
+-- 0006's definitions.
 
 SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
 
@@ -504,17 +504,3 @@ $$;
 DROP FUNCTION replaysafe._keep_first_attempt(text, text);
 
 DROP VIEW replaysafe._first_attempts;
-
-CREATE OR REPLACE FUNCTION replaysafe._in_restricted_operation()
-RETURNS boolean
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    EXECUTE 'DEALLOCATE replaysafe_probe_no_such_statement';
-    RETURN false;  -- only if someone prepared a statement of that name
-EXCEPTION
-    WHEN insufficient_privilege THEN RETURN true;
-    WHEN invalid_sql_statement_name THEN RETURN false;
-END
-$$;

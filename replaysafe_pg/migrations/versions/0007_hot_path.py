@@ -1,4 +1,4 @@
-"""The hot path: a cheaper security-restricted-operation probe (issue 12).
+"""The hot path (issue 12): no attempt row for a first attempt until it is needed.
 
 Revision ID: 0007
 Revises: 0006

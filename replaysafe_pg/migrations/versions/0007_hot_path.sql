@@ -1,29 +1,10 @@
--- Revision 0007: the hot path (issue 12). A cheaper probe for security-restricted
--- operations: every public function asks (through replaysafe._caller) whether it runs inside one (an index expression, ANALYZE,
--- REINDEX, ...: there it acts for nobody). The probe was an exception block around a
--- DEALLOCATE of a statement that does not exist, which raised and caught an error on every
--- call; it is now an UNLISTEN of a channel nobody listens on, which Postgres refuses in a
--- security-restricted operation (42501) and performs silently elsewhere: the same answer,
--- ~7 us less per probe (docs/performance.md).
--- And the first attempt of an action has no row in action_attempts until something else
--- than its own report changes the action (replaysafe._first_attempts): a claim+complete
--- writes one row instead of two. action_attempts_v shows the derived row, so it answers as
--- before. Interfaces unchanged; the functions that move an action on are replaced.
+-- Revision 0007: the hot path (issue 12). The first attempt of an action has no row in
+-- action_attempts until something other than its own report changes the action
+-- (replaysafe._first_attempts, replaysafe._keep_first_attempt): a claim+complete writes one
+-- row instead of two. action_attempts_v shows the derived row, so it answers as before.
+-- Interfaces unchanged; the functions that move an action on are replaced.
 
 SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
-
-CREATE OR REPLACE FUNCTION replaysafe._in_restricted_operation()
-RETURNS boolean
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    UNLISTEN replaysafe_restricted_operation_probe;
-    RETURN false;
-EXCEPTION
-    WHEN insufficient_privilege THEN RETURN true;
-END
-$$;
 
 CREATE VIEW replaysafe._first_attempts AS
 SELECT x.tenant_id, x.action_key, x.attempt, x.worker_id, x.created_at AS claimed_at,
