@@ -159,3 +159,34 @@ def test_0007_downgrade_writes_every_first_attempts_row(empty_dsn: str) -> None:
         assert conn.execute(f"SELECT action_key, {COLUMNS} FROM replaysafe.action_attempts_v "
                             "ORDER BY 1, 2").fetchall() == conn.execute(
             f"SELECT action_key, {COLUMNS} FROM replaysafe.action_attempts ORDER BY 1, 2").fetchall()
+
+
+def test_the_downgrade_waits_for_a_claim_in_flight(empty_dsn: str) -> None:
+    """The downgrade locks the actions first: a worker's open claim (0007 code, no attempt
+    row) commits before the rows are written, so 0006 finds a row for it (security review:
+    without the lock, claims committed during the downgrade were left without one)."""
+    import threading
+
+    dsn = empty_dsn
+    replaysafe_pg.migrate(dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn, psycopg.connect(dsn) as worker:
+        worker.execute("SELECT * FROM replaysafe.claim_action(p_tenant_id => 't1', "
+                       "p_action_key => 'k', p_operation => 'refund', p_request => '{}', "
+                       "p_worker_id => 'w1', p_now => %s)", (at(0),))
+        down = threading.Thread(target=replaysafe_pg.downgrade, args=(dsn, "0006"))
+        down.start()
+        pid = worker.info.backend_pid
+        for _ in range(1000):  # until the downgrade waits for the worker's lock
+            if conn.execute("SELECT count(*) FROM pg_stat_activity "
+                            "WHERE %s = ANY (pg_blocking_pids(pid))", (pid,)).fetchone() == (1,):
+                break
+            down.join(0.01)
+        else:
+            raise AssertionError("the downgrade never waited for the worker")
+        worker.execute("SELECT replaysafe.complete_action(p_tenant_id => 't1', p_action_key => 'k', "
+                       "p_attempt => 1, p_result => '{\"ok\": 1}', p_now => %s)", (at(1),))
+        worker.commit()
+        down.join(60)
+        assert replaysafe_pg.current_revision(dsn) == "0006"
+        assert conn.execute("SELECT attempt, outcome::text, ended_at FROM replaysafe.action_attempts "
+                            "WHERE action_key = 'k'").fetchall() == [(1, "succeeded", at(1))]

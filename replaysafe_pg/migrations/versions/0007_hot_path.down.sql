@@ -1,7 +1,11 @@
 -- Downgrade of 0007: every first attempt gets its row (0006 expects one per attempt), then
--- 0006's definitions.
+-- 0006's definitions. No action may change until they are in place: the table lock holds
+-- back writers (a claim already waiting inside a 0007 function still runs it after the
+-- commit: stop workers before downgrading; docs/migrations.md has the repair query).
 
 SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
+
+LOCK TABLE replaysafe.actions IN EXCLUSIVE MODE;
 
 INSERT INTO replaysafe.action_attempts (tenant_id, action_key, attempt, worker_id, claimed_at,
                                         ended_at, outcome, superseded, error, result,
