@@ -10,12 +10,12 @@ call until the commit. The last two tests fail on it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pytest
-from helpers.db import bind, connect_as
+from helpers.db import bind
 
 Conn = psycopg.Connection[Any]
 
@@ -31,14 +31,6 @@ def world(dsn: str) -> str:
         c.execute("SELECT replaysafe.complete_action(p_tenant_id => 'A', p_action_key => 'done', "
                   "p_attempt => 1, p_result => '{\"ok\": true}')")
     return dsn
-
-
-@pytest.fixture
-def worker(world: str, make_role: Callable[..., str]) -> Iterator[Conn]:
-    role = make_role("replaysafe_worker")
-    bind(world, role, "A")
-    with connect_as(world, role) as c:
-        yield c
 
 
 def test_the_probe_is_true_only_inside_a_security_restricted_operation(world: str) -> None:
@@ -57,38 +49,38 @@ def test_the_probe_is_true_only_inside_a_security_restricted_operation(world: st
         assert seen == ["restricted=f", "restricted=t"], seen
 
 
-def test_the_probe_leaves_the_sessions_own_listen_alone(world: str, worker: Conn) -> None:
-    worker.execute("LISTEN replaysafe_actions")
+def test_the_probe_leaves_the_sessions_own_listen_alone(world: str, worker_a: Conn) -> None:
+    worker_a.execute("LISTEN replaysafe_actions")
     for _ in range(3):  # every call probes (autocommit: each its own transaction)
-        assert worker.execute(REPLAY).fetchone() == ("replay",)
-    with worker.transaction():  # and in one transaction, next to a LISTEN of its own
-        worker.execute("LISTEN replaysafe_other")
-        assert worker.execute(REPLAY).fetchone() == ("replay",)
-    assert sorted(r[0] for r in worker.execute("SELECT pg_listening_channels()")) == [
+        assert worker_a.execute(REPLAY).fetchone() == ("replay",)
+    with worker_a.transaction():  # and in one transaction, next to a LISTEN of its own
+        worker_a.execute("LISTEN replaysafe_other")
+        assert worker_a.execute(REPLAY).fetchone() == ("replay",)
+    assert sorted(r[0] for r in worker_a.execute("SELECT pg_listening_channels()")) == [
         "replaysafe_actions", "replaysafe_other"]
     with psycopg.connect(world, autocommit=True) as owner:
         owner.execute("SELECT pg_notify('replaysafe_actions', 'wake')")
-    got = next(worker.notifies(timeout=5, stop_after=1), None)
+    got = next(worker_a.notifies(timeout=5, stop_after=1), None)
     assert got is not None and got.payload == "wake"
 
 
-def test_a_replay_in_a_read_only_transaction(worker: Conn) -> None:
-    with worker.transaction():
-        worker.execute("SET TRANSACTION READ ONLY")
-        assert worker.execute(REPLAY).fetchone() == ("replay",)
+def test_a_replay_in_a_read_only_transaction(worker_a: Conn) -> None:
+    with worker_a.transaction():
+        worker_a.execute("SET TRANSACTION READ ONLY")
+        assert worker_a.execute(REPLAY).fetchone() == ("replay",)
 
 
-def test_a_connection_that_once_waited_can_still_prepare_a_transaction(worker: Conn) -> None:
+def test_a_connection_that_once_waited_can_still_prepare_a_transaction(worker_a: Conn) -> None:
     """The driver LISTENs on a pooled (or the caller's) connection while it waits and gives it
     back after UNLISTEN; a later two-phase transaction that calls the functions prepares."""
-    if worker.execute("SHOW max_prepared_transactions").fetchone() == ("0",):
+    if worker_a.execute("SHOW max_prepared_transactions").fetchone() == ("0",):
         pytest.skip("max_prepared_transactions = 0 on this server")
-    worker.execute("LISTEN replaysafe_actions")  # a wait, as the driver does
-    worker.execute("UNLISTEN replaysafe_actions")  # given back to the pool
-    worker.execute("BEGIN")
-    assert worker.execute(REPLAY).fetchone() == ("replay",)
-    worker.execute("PREPARE TRANSACTION 'rs_probe_2pc'")
-    worker.execute("ROLLBACK PREPARED 'rs_probe_2pc'")
+    worker_a.execute("LISTEN replaysafe_actions")  # a wait, as the driver does
+    worker_a.execute("UNLISTEN replaysafe_actions")  # given back to the pool
+    worker_a.execute("BEGIN")
+    assert worker_a.execute(REPLAY).fetchone() == ("replay",)
+    worker_a.execute("PREPARE TRANSACTION 'rs_probe_2pc'")
+    worker_a.execute("ROLLBACK PREPARED 'rs_probe_2pc'")
 
 
 def test_calls_in_one_transaction_keep_no_memory_per_call_after_a_listen(
