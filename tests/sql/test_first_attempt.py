@@ -5,12 +5,14 @@ every attempt had its row: each transition below is checked against the row 0006
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
 import pytest
+from helpers.db import bind, connect_as
 
 import replaysafe_pg
 from replaysafe_pg import Ledger
@@ -124,8 +126,6 @@ def test_a_success_after_the_attempts_own_failure_shows(ledger: Ledger, conn: An
 
 def test_a_bound_reader_sees_its_own_first_attempts_only(
         dsn: str, make_role: Callable[..., str]) -> None:
-    from helpers.db import bind, connect_as
-
     for tenant in ("A", "B"):
         with Ledger(dsn, tenant_id=tenant, worker_id="w1") as led:
             claim(led)
@@ -165,8 +165,6 @@ def test_the_downgrade_waits_for_a_claim_in_flight(empty_dsn: str) -> None:
     """The downgrade locks the actions first: a worker's open claim (0007 code, no attempt
     row) commits before the rows are written, so 0006 finds a row for it (security review:
     without the lock, claims committed during the downgrade were left without one)."""
-    import threading
-
     dsn = empty_dsn
     replaysafe_pg.migrate(dsn)
     with psycopg.connect(dsn, autocommit=True) as conn, psycopg.connect(dsn) as worker:
