@@ -63,10 +63,10 @@ SELECT * FROM replaysafe.thread_history(p_tenant_id => %(tenant_id)s, p_thread_i
 SELECT replaysafe.delete_thread(p_tenant_id => %(tenant_id)s, p_thread_id => %(thread_id)s, p_user_id => %(user_id)s::text)
 
 -- name: langgraph_put --
-SELECT * FROM replaysafe.langgraph_put(p_tenant_id => %(tenant_id)s, p_thread_id => %(thread_id)s, p_checkpoint_ns => %(checkpoint_ns)s, p_checkpoint_id => %(checkpoint_id)s, p_parent_id => %(parent_id)s::text, p_checkpoint => %(checkpoint)s::jsonb, p_metadata => %(metadata)s::jsonb, p_channels => %(channels)s::text[], p_versions => %(versions)s::text[], p_types => %(types)s::text[], p_blobs => %(blobs)s::bytea[], p_history_limit => %(history_limit)s::integer)
+SELECT * FROM replaysafe.langgraph_put(p_tenant_id => %(tenant_id)s, p_thread_id => %(thread_id)s, p_checkpoint_ns => %(checkpoint_ns)s, p_checkpoint_id => %(checkpoint_id)s, p_parent_id => %(parent_id)s::text, p_checkpoint => %(checkpoint)s::jsonb, p_metadata => %(metadata)s::jsonb, p_channels => %(channels)s::text[], p_versions => %(versions)s::text[], p_types => %(types)s::text[], p_blobs => %(blobs)b::bytea[], p_history_limit => %(history_limit)s::integer)
 
 -- name: langgraph_put_writes --
-SELECT replaysafe.langgraph_put_writes(p_tenant_id => %(tenant_id)s, p_thread_id => %(thread_id)s, p_checkpoint_ns => %(checkpoint_ns)s, p_checkpoint_id => %(checkpoint_id)s, p_task_id => %(task_id)s, p_task_path => %(task_path)s, p_idx => %(idx)s::integer[], p_channels => %(channels)s::text[], p_types => %(types)s::text[], p_blobs => %(blobs)s::bytea[], p_replace => %(replace)s::boolean)
+SELECT replaysafe.langgraph_put_writes(p_tenant_id => %(tenant_id)s, p_thread_id => %(thread_id)s, p_checkpoint_ns => %(checkpoint_ns)s, p_checkpoint_id => %(checkpoint_id)s, p_task_id => %(task_id)s, p_task_path => %(task_path)s, p_idx => %(idx)s::integer[], p_channels => %(channels)s::text[], p_types => %(types)s::text[], p_blobs => %(blobs)b::bytea[], p_replace => %(replace)s::boolean)
 
 -- name: langgraph_get_tuple --
 SELECT * FROM replaysafe.langgraph_get_tuple(p_tenant_id => %(tenant_id)s, p_thread_id => %(thread_id)s, p_checkpoint_ns => %(checkpoint_ns)s, p_checkpoint_id => %(checkpoint_id)s::text)
