@@ -43,6 +43,10 @@ def optional_text(value: Any, what: str) -> str | None:
 
 def text_id(value: Any, what: str) -> str:
     """An id: tenant, action key, thread, user, worker, operation."""
+    # The common case in one test: ASCII (one byte a character, so at most 512 bytes).
+    if type(value) is str and 0 < len(value) <= MAX_ID_CHARS and value.isascii() \
+            and "\x00" not in value:
+        return value
     if not isinstance(value, str):
         raise InvalidArgument(f"{what} must be a str, not {type(value).__name__}")
     if not value:

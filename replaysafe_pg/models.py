@@ -31,6 +31,10 @@ class ReportOutcome(enum.StrEnum):
     SUPERSEDED = "superseded"
 
 
+_CLAIM_OUTCOMES: dict[str, ClaimOutcome] = {m.value: m for m in ClaimOutcome}
+_STATES: dict[str, ActionState] = {m.value: m for m in ActionState}
+
+
 @dataclass(frozen=True, slots=True)
 class Claim:
     """What ``claim_action`` answered."""
@@ -46,7 +50,8 @@ class Claim:
 
     @classmethod
     def from_row(cls, row: tuple[Any, ...]) -> Claim:
-        return cls(ClaimOutcome(row[0]), ActionState(row[1]), *row[2:])
+        # A dict lookup, not the Enum call: a replay's whole decoding is this line.
+        return cls(_CLAIM_OUTCOMES[row[0]], _STATES[row[1]], *row[2:])
 
 
 @dataclass(frozen=True, slots=True)
