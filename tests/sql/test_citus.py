@@ -15,6 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 from helpers.citus import citus_script_without_guard, install_standins
+from helpers.cli import run_json
 from helpers.db import bind, connect_as
 
 import replaysafe_pg
@@ -222,6 +223,23 @@ def test_a_table_distributed_otherwise_is_refused(dsn: str, conn: Conn) -> None:
     with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState,
                        match=r"replaysafe\.threads is already a Citus table"), conn.transaction():
         conn.execute(citus_script_without_guard(schema.citus_sql()))
+
+
+def test_doctor_knows_a_citus_installation(citus_db: str, conn: Conn) -> None:
+    report = run_json("doctor", dsn=citus_db)
+    assert report["ok"] is True, report
+    check = next(c for c in report["checks"] if c["check"] == "Citus distribution")
+    assert check["detail"].startswith("every table distributed by tenant")
+    # A later migration that put back the plain lookup is noticed.
+    definition = conn.execute("SELECT pg_get_viewdef('replaysafe._reader'::regclass)").fetchone()
+    assert definition is not None
+    plain = re.search(r"CREATE VIEW replaysafe\._reader AS(.*?);\n", schema.schema_sql(), re.S)
+    assert plain is not None
+    conn.execute("SET search_path = pg_catalog, pg_temp; CREATE OR REPLACE VIEW replaysafe._reader AS"
+                 + plain.group(1))
+    report = run_json("doctor", dsn=citus_db, exit_code=1)
+    check = next(c for c in report["checks"] if c["check"] == "Citus distribution")
+    assert check["ok"] is False and "_reader does not look bindings up per node" in check["detail"]
 
 
 # --- role bindings on every node -----------------------------------------------------------------
