@@ -21,6 +21,17 @@ from typing import Any
 
 import psycopg
 
+# SPEC §2-§3, §9: every public function that acts on the one tenant it is given, which
+# citus.sql registers with distribution_arg_name => 'p_tenant_id'.
+DELEGATED = frozenset({
+    "claim_action", "claim_actions", "heartbeat_action", "complete_action", "fail_action",
+    "mark_action_unknown", "resolve_action", "reopen_action",
+    "read_thread", "write_thread", "thread_history", "delete_thread",
+    "langgraph_put", "langgraph_put_writes", "langgraph_get_tuple", "langgraph_list",
+    "langgraph_delete_thread", "langgraph_delete_for_runs", "langgraph_copy_thread",
+    "langgraph_prune",
+})
+
 STANDINS = r"""
 SET allow_system_table_mods = on;
 CREATE SCHEMA citus;

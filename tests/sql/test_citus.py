@@ -14,7 +14,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from helpers.citus import citus_script_without_guard, install_standins
+from helpers.citus import DELEGATED, citus_script_without_guard, install_standins
 from helpers.cli import run_json
 from helpers.db import bind, connect_as
 
@@ -23,17 +23,6 @@ from replaysafe_pg import AccessDenied, CitusUnavailable, Threads, queries, sche
 from replaysafe_pg.errors import wrap_errors
 
 Conn = psycopg.Connection[Any]
-
-# SPEC §2-§3, §9: every public function that acts on the one tenant it is given.
-DELEGATED = {
-    "claim_action", "claim_actions", "heartbeat_action", "complete_action", "fail_action",
-    "mark_action_unknown", "resolve_action", "reopen_action",
-    "read_thread", "write_thread", "thread_history", "delete_thread",
-    "langgraph_put", "langgraph_put_writes", "langgraph_get_tuple", "langgraph_list",
-    "langgraph_delete_thread", "langgraph_delete_for_runs", "langgraph_copy_thread",
-    "langgraph_prune",
-}
-REFERENCE = {"role_bindings", "installation", "role_binding_nodes"}
 
 
 def _is_superuser(conn: Conn) -> bool:
