@@ -104,27 +104,27 @@ BEGIN
             'distribute a schema it was not written for', v_unknown);
     END IF;
     SELECT string_agg(x.what, ', ' ORDER BY x.what) INTO v_key FROM (
-    SELECT format('%s on %s', k.conname, k.conrelid::regclass) AS what
-    FROM pg_constraint k
-    WHERE k.conrelid IN (SELECT c.oid FROM pg_class c
-                         WHERE c.relnamespace = 'replaysafe'::regnamespace
-                           AND c.relname IN ('actions', 'action_attempts', 'threads', 'thread_versions',
-                                             'langgraph_checkpoints', 'langgraph_blobs',
-                                             'langgraph_writes', 'langgraph_namespaces'))
-      AND k.contype IN ('p', 'u', 'x', 'f')
-      AND NOT ((SELECT a.attnum FROM pg_attribute a
-                WHERE a.attrelid = k.conrelid AND a.attname = 'tenant_id') = ANY (k.conkey))
-    UNION ALL  -- unique indexes without a constraint
-    SELECT format('%s on %s', i.indexrelid::regclass, i.indrelid::regclass)
-    FROM pg_index i
-    WHERE i.indisunique
-      AND i.indrelid IN (SELECT c.oid FROM pg_class c
-                         WHERE c.relnamespace = 'replaysafe'::regnamespace
-                           AND c.relname IN ('actions', 'action_attempts', 'threads', 'thread_versions',
-                                             'langgraph_checkpoints', 'langgraph_blobs',
-                                             'langgraph_writes', 'langgraph_namespaces'))
-      AND NOT ((SELECT a.attnum FROM pg_attribute a
-                WHERE a.attrelid = i.indrelid AND a.attname = 'tenant_id') = ANY (i.indkey::smallint[]))) x;
+        SELECT format('%s on %s', k.conname, k.conrelid::regclass) AS what
+        FROM pg_constraint k
+        WHERE k.conrelid IN (SELECT c.oid FROM pg_class c
+                             WHERE c.relnamespace = 'replaysafe'::regnamespace
+                               AND c.relname IN ('actions', 'action_attempts', 'threads', 'thread_versions',
+                                                 'langgraph_checkpoints', 'langgraph_blobs',
+                                                 'langgraph_writes', 'langgraph_namespaces'))
+          AND k.contype IN ('p', 'u', 'x', 'f')
+          AND NOT ((SELECT a.attnum FROM pg_attribute a
+                    WHERE a.attrelid = k.conrelid AND a.attname = 'tenant_id') = ANY (k.conkey))
+        UNION ALL  -- unique indexes without a constraint
+        SELECT format('%s on %s', i.indexrelid::regclass, i.indrelid::regclass)
+        FROM pg_index i
+        WHERE i.indisunique
+          AND i.indrelid IN (SELECT c.oid FROM pg_class c
+                             WHERE c.relnamespace = 'replaysafe'::regnamespace
+                               AND c.relname IN ('actions', 'action_attempts', 'threads', 'thread_versions',
+                                                 'langgraph_checkpoints', 'langgraph_blobs',
+                                                 'langgraph_writes', 'langgraph_namespaces'))
+          AND NOT ((SELECT a.attnum FROM pg_attribute a
+                    WHERE a.attrelid = i.indrelid AND a.attname = 'tenant_id') = ANY (i.indkey::smallint[]))) x;
     IF v_key IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = '55000', MESSAGE = format(
             'the key(s) %s do not include tenant_id: Citus cannot enforce them across shards', v_key);

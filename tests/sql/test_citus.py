@@ -111,6 +111,17 @@ def test_a_table_the_script_does_not_know_stops_it(dsn: str, conn: Conn) -> None
     assert conn.execute("SELECT count(*) FROM citus_standin.calls").fetchone() == (0,)
 
 
+def test_a_key_without_tenant_id_stops_it(dsn: str, conn: Conn) -> None:
+    if not _is_superuser(conn):
+        pytest.skip("the Citus stand-ins need a superuser")
+    install_standins(conn)
+    conn.execute("CREATE UNIQUE INDEX threads_by_id ON replaysafe.threads (thread_id)")
+    with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState,
+                       match=r"replaysafe\.threads_by_id on replaysafe\.threads do not include tenant_id"), \
+            conn.transaction():
+        conn.execute(citus_script_without_guard(schema.citus_sql()))
+
+
 # --- what create_distributed_table requires (the catalog, no stand-ins) --------------------------
 
 def test_every_key_of_a_table_to_distribute_holds_tenant_id(conn: Conn) -> None:
