@@ -5,6 +5,7 @@ from typing import TYPE_CHECKING, Any
 from replaysafe_pg.errors import (
     AccessDenied,
     ActionNotSucceeded,
+    CitusUnavailable,
     DatabaseUnavailable,
     FingerprintConflict,
     InvalidArgument,
@@ -37,6 +38,7 @@ __all__ = [
     "AsyncThreads",
     "Attempt",
     "Call",
+    "CitusUnavailable",
     "Claim",
     "ClaimOutcome",
     "DatabaseUnavailable",

@@ -105,6 +105,12 @@ class SchemaNotInstalled(ReplaysafeError):
     """The database has no (or an outdated) replaysafe schema: run ``replaysafe-pg migrate``."""
 
 
+class CitusUnavailable(ReplaysafeError):
+    """``migrate(..., citus=True)`` refused: the database cannot take replaysafe's Citus
+    distribution (no ``citus`` extension, a Citus older than 11.0, a worker node, a schema
+    revision the Citus script was not written for). Nothing was changed (docs/scale-out.md)."""
+
+
 BY_SQLSTATE: dict[str, type[ReplaysafeError]] = {
     cls.sqlstate: cls
     for cls in (FingerprintConflict, LeaseLost, StaleStateError, AccessDenied,

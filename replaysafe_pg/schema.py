@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 from replaysafe_pg._dsn import render_url, sqlalchemy_url
 from replaysafe_pg._paths import migrations_dir, sql_dir
-from replaysafe_pg.errors import AccessDenied, translate
+from replaysafe_pg.errors import AccessDenied, CitusUnavailable, InvalidArgument, translate
 
 SCHEMA = "replaysafe"
 VERSION_TABLE = "alembic_version"
@@ -40,6 +40,40 @@ MIGRATION_LOCK_KEY = 0x7265706C61797361
 def schema_sql() -> str:
     """The whole current schema as one SQL script (``replaysafe_pg/sql/schema.sql``)."""
     return (sql_dir() / "schema.sql").read_text(encoding="utf-8")
+
+
+def citus_sql() -> str:
+    """The Citus distribution script (``replaysafe_pg/sql/citus.sql``, docs/scale-out.md): run
+    on a Citus coordinator after the migration, by ``migrate(..., citus=True)``."""
+    return (sql_dir() / "citus.sql").read_text(encoding="utf-8")
+
+
+# The revision citus.sql was written and reviewed for (its guard refuses any other): a new
+# revision must be checked against the Citus script before it can be distributed.
+CITUS_REVISION = "0007"
+
+
+def expected_citus_objects() -> dict[str, set[str]]:
+    """What ``citus.sql`` adds to the schema (``doctor`` expects it where Citus is)."""
+    import re
+
+    text = citus_sql()
+    tables = set(re.findall(r"CREATE TABLE replaysafe\.(\w+)", text))
+    return {
+        "table": tables,
+        "index": {f"{t}_pkey" for t in tables},
+        "function": set(re.findall(r"CREATE OR REPLACE FUNCTION replaysafe\.(\w+)\(", text)),
+    }
+
+
+def citus_layout() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The tables citus.sql makes reference tables, and those it distributes by tenant_id
+    (co-located with replaysafe.actions, the first), as the script lists them."""
+    import re
+
+    lists = re.findall(r"FOREACH t IN ARRAY ARRAY\[(.*?)\] LOOP", citus_sql(), re.S)
+    reference, distributed = (tuple(re.findall(r"'(\w+)'", x)) for x in lists)
+    return reference, distributed
 
 
 def expected_objects() -> dict[str, set[str]]:
@@ -343,19 +377,74 @@ def _resolved(revision: str) -> str:
     return head_revision() if revision in ("head", "heads") else revision
 
 
-def migrate(target: str | Connection | Engine, revision: str = "head") -> None:
+def migrate(target: str | Connection | Engine, revision: str = "head", *,
+            citus: bool = False, shard_count: int | None = None) -> None:
     """Upgrade the ``replaysafe`` schema to ``revision`` (default: the newest), in one
     transaction. ``target`` is a DSN, a SQLAlchemy engine or connection.
 
     When the schema is already at ``revision``, nothing is locked or written: any role that
-    may read the revision (a worker, say, with the application's own DSN) may call it."""
+    may read the revision (a worker, say, with the application's own DSN) may call it.
+
+    ``citus=True`` (a Citus coordinator, as the schema owner; docs/scale-out.md): then, in a
+    second transaction, distribute the schema by tenant (``replaysafe_pg/sql/citus.sql``;
+    again after every upgrade: it skips what is distributed already). A database without
+    the ``citus`` extension is refused with :class:`CitusUnavailable` before anything is
+    written. ``shard_count``: the shards of a table distributed now (default: the server's
+    ``citus.shard_count``)."""
+    if shard_count is not None and (isinstance(shard_count, bool) or not isinstance(shard_count, int)
+                                    or not 1 <= shard_count <= 64000):
+        raise InvalidArgument(f"invalid argument shard_count: must be an integer from 1 to 64000 "
+                              f"(got {shard_count!r})")
+    if citus:
+        with _connection(target) as conn:
+            _require_citus(conn)
     with _connection(target) as conn:
         try:
-            if _revision_on(conn) == _resolved(revision):
-                return
+            at_target = _revision_on(conn) == _resolved(revision)
         except AccessDenied:
-            pass  # not even the revision: the migration itself says what is missing
-        _run(conn, revision, downgrade=False)
+            at_target = False  # not even the revision: the migration itself says what is missing
+        if not at_target:
+            _run(conn, revision, downgrade=False)
+    if citus:
+        with _connection(target) as conn:
+            _distribute(conn, shard_count)
+
+
+def _require_citus(connection: Connection) -> None:
+    import sqlalchemy as sa
+
+    version = connection.execute(sa.text(
+        "SELECT e.extversion FROM pg_catalog.pg_extension e WHERE e.extname = 'citus'")).scalar()
+    if version is None:
+        raise CitusUnavailable(
+            "the citus extension is not installed in this database: replaysafe's Citus "
+            "distribution needs a Citus coordinator (CREATE EXTENSION citus); nothing was "
+            "changed (docs/scale-out.md)")
+
+
+def _distribute(connection: Connection, shard_count: int | None) -> None:
+    """citus.sql in the connection's transaction, under the migration lock; its guard's
+    refusals (SQLSTATE 55000) reach the caller as :class:`CitusUnavailable`."""
+    import psycopg
+    import sqlalchemy as sa
+    from sqlalchemy.exc import DBAPIError
+
+    # The migration lock, and the caller's search_path kept (citus.sql pins its own).
+    connection.execute(sa.text(
+        f"SELECT pg_catalog.pg_advisory_xact_lock({MIGRATION_LOCK_KEY}), pg_catalog.set_config("
+        "'replaysafe.outer_search_path', pg_catalog.current_setting('search_path'), true)"))
+    if shard_count is not None:
+        connection.execute(sa.text("SELECT pg_catalog.set_config('citus.shard_count', :n, true)"),
+                           {"n": str(shard_count)})
+    try:
+        execute_script(connection, citus_sql())
+    except (DBAPIError, psycopg.Error) as exc:
+        orig = exc.orig if isinstance(exc, DBAPIError) else exc
+        if isinstance(orig, psycopg.Error) and orig.sqlstate == "55000":
+            message = orig.diag.message_primary or str(orig)
+            raise CitusUnavailable(f"{message}; nothing was changed") from exc
+        raise
+    connection.execute(sa.text(RESTORE_SQL))
 
 
 def downgrade(target: str | Connection | Engine, revision: str) -> None:

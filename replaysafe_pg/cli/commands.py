@@ -318,26 +318,39 @@ _TENANT_ONE = click.option("--tenant", "tenant_id", default="default", show_defa
               help="Target revision. An older one than installed downgrades, with --yes only.")
 @click.option("--yes", is_flag=True,
               help="Confirm a downgrade (it drops what the newer revisions added, data included).")
+@click.option("--citus", is_flag=True,
+              help="Then distribute the schema by tenant on a Citus coordinator (docs/scale-out.md); "
+              "with --sql, print that script after the upgrade's.")
+@click.option("--shard-count", type=click.IntRange(1, 64000), default=None, metavar="N",
+              help="With --citus: shards of the tables distributed now (default: citus.shard_count).")
 @click.pass_context
-def migrate(ctx: click.Context, print_sql: bool, revision: str, yes: bool) -> None:
+def migrate(ctx: click.Context, print_sql: bool, revision: str, yes: bool, citus: bool,
+            shard_count: int | None) -> None:
     """Upgrade the replaysafe schema (``migrate current`` shows the installed revision)."""
     if ctx.invoked_subcommand is not None:
         return
+    if shard_count is not None and not citus:
+        raise CliError("--shard-count goes with --citus")
     if print_sql:
         click.echo(offline_sql(revision), nl=False)
+        if citus:
+            click.echo(citus_offline_sql(), nl=False)
         return
     state = _state(ctx)
     with state.db.connection() as conn:  # a clear error for a bad DSN before alembic wraps it
         before = installed_revision(conn)
     dsn = state.db.dsn()
     undone = schema.undone_by(before, revision)
+    if undone and citus:
+        raise CliError("--citus distributes the schema at its newest revision: it does not go "
+                       "with a downgrade")
     if undone and not yes:
         raise CliError(f"--revision {revision} would DOWNGRADE from {before}: {_undoing(undone)}; "
                        "run again with --yes to downgrade")
     if undone:
         schema.downgrade(dsn, revision)
     else:
-        schema.migrate(dsn, revision)
+        schema.migrate(dsn, revision, citus=citus, shard_count=shard_count)
     with state.db.connection() as conn:
         after = installed_revision(conn)
     if before == after:
@@ -345,7 +358,10 @@ def migrate(ctx: click.Context, print_sql: bool, revision: str, yes: bool) -> No
     else:
         verb = "downgraded" if undone else "migrated"
         human = f"{verb} from {before or 'nothing'} to {after or 'base (nothing)'}"
-    _emit(ctx, human, {"before": before, "after": after, "head": schema.head_revision()})
+    if citus:
+        human += "; distributed by tenant on Citus (docs/scale-out.md)"
+    _emit(ctx, human, {"before": before, "after": after, "head": schema.head_revision(),
+                       "citus": citus})
 
 
 def _undoing(undone: list[schema.Revision]) -> str:
@@ -372,6 +388,14 @@ def offline_sql(revision: str = "head") -> str:
     cfg.output_buffer = buffer
     command.upgrade(cfg, revision, sql=True)
     return buffer.getvalue()
+
+
+def citus_offline_sql() -> str:
+    """citus.sql as its own transaction, for ``migrate --citus --sql``: run it after the
+    upgrade, on the coordinator, as the schema owner."""
+    return ("\n-- replaysafe on Citus (docs/scale-out.md): after the upgrade above, on the "
+            "coordinator, as the schema owner\nBEGIN;\n\n" + schema.citus_sql().rstrip("\n")
+            + "\n\nCOMMIT;\n")
 
 
 @migrate.command("current")
@@ -428,7 +452,11 @@ def doctor(ctx: click.Context, conn: psycopg.Connection[Any]) -> None:
     # Only the counts read the actions view, as the caller's rights allow.
     counts_scope: str | None = None
     if installed:
-        checks += _schema_object_checks(_rows(conn, "schema_objects"), complete=current == head)
+        on_citus = bool(_rows(conn, "citus_present")[0]["present"])
+        checks += _schema_object_checks(_rows(conn, "schema_objects"), complete=current == head,
+                                        citus=on_citus)
+        if on_citus:
+            checks.append(_citus_check(_rows(conn, "citus_tables"), _rows(conn, "citus_lookups")))
         checks += _privilege_checks(_rows(conn, "schema_privileges"), _rows(conn, "default_privileges"))
         for table in _rows(conn, "table_rls"):
             checks.append({"check": f"row-level security on {table['table_name']}",
@@ -459,13 +487,16 @@ def doctor(ctx: click.Context, conn: psycopg.Connection[Any]) -> None:
         ctx.exit(EXIT_ATTENTION)
 
 
-def _schema_object_checks(objects: list[dict[str, Any]], *,
-                          complete: bool) -> list[dict[str, Any]]:
+def _schema_object_checks(objects: list[dict[str, Any]], *, complete: bool,
+                          citus: bool = False) -> list[dict[str, Any]]:
     """Objects the migration did not create, objects of another owner, functions whose
     search_path is not pinned: each can run a stranger's code as the schema owner. With
     ``complete`` (at head), also what the migration creates and is missing (a damaged
-    schema)."""
+    schema). On Citus, what ``migrate --citus`` adds is the migration's too."""
     expected = schema.expected_objects()
+    if citus:
+        for kind, names in schema.expected_citus_objects().items():
+            expected[kind] = expected[kind] | names
     present = {(o["kind"], o["name"]) for o in objects}
     missing = sorted(f"{kind} {name}" for kind in ("table", "view", "function", "type")
                      for name in expected[kind] if (kind, name) not in present)
@@ -499,6 +530,30 @@ def _schema_object_checks(objects: list[dict[str, Any]], *,
                           "detail": "all present" if not missing
                           else "MISSING: " + ", ".join(missing)})
     return checks
+
+
+def _citus_check(tables: list[dict[str, Any]], lookups: list[dict[str, Any]]) -> dict[str, Any]:
+    """On a Citus database: replaysafe left on the coordinator (never distributed) is fine;
+    once distributed, every table must be as ``migrate --citus`` makes it (docs/scale-out.md)."""
+    reference, distributed = schema.citus_layout()
+    if all(t["method"] is None for t in tables):
+        return {"check": "Citus distribution", "ok": True,
+                "detail": "Citus is installed; replaysafe is not distributed (its tables stay on "
+                          "the coordinator; `migrate --citus` distributes them)"}
+    wrong = []
+    for t in tables:
+        name = t["table_name"]
+        if name in reference and not (t["method"] == "n" and t["repmodel"] == "t"):
+            wrong.append(f"{name} is not a reference table")
+        elif name in distributed and not (t["method"] == "h" and t["distribution_column"] == "tenant_id"
+                                          and t["with_actions"]):
+            wrong.append(f"{name} is not distributed by tenant_id with replaysafe.actions")
+        elif name not in reference and name not in distributed:
+            wrong.append(f"{name} is unknown to the Citus script")
+    wrong += [f"{v['name']} does not look bindings up per node" for v in lookups if not v["per_node"]]
+    return {"check": "Citus distribution", "ok": not wrong,
+            "detail": "every table distributed by tenant, bindings per node" if not wrong
+            else "; ".join(wrong) + ": run `replaysafe-pg migrate --citus`"}
 
 
 _GRANTED_PRIVILEGE = {"function": "EXECUTE", "view": "SELECT", "schema": "USAGE"}

@@ -56,3 +56,17 @@ SELECT now()
 -- reconciliation, and how many. The enum comparison is qualified: it must not resolve through
 -- a caller's search_path (the same filter as queries.sql's unknown_actions).
 SELECT tenant_id, count(*) AS due FROM replaysafe.actions_v WHERE state OPERATOR(pg_catalog.=) 'unknown' AND (%(tenant_id)s::text IS NULL OR tenant_id = %(tenant_id)s::text) AND updated_at <= pg_catalog.clock_timestamp() - %(older_than)s::interval GROUP BY tenant_id ORDER BY tenant_id
+
+-- name: citus_present --
+-- doctor: is this a Citus database (its catalog is there: pg_catalog is the superuser's)?
+SELECT pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL AS present
+
+-- name: citus_tables --
+-- doctor, on Citus only (the query names Citus's catalog): how each table of the schema is
+-- distributed, and whether the bindings are looked up per node (docs/scale-out.md).
+SELECT c.relname::text AS table_name, p.partmethod::text AS method, p.repmodel::text AS repmodel, pg_catalog.column_to_column_name(p.logicalrelid, p.partkey) AS distribution_column, p.colocationid IS NOT DISTINCT FROM (SELECT a.colocationid FROM pg_catalog.pg_dist_partition a WHERE a.logicalrelid = 'replaysafe.actions'::pg_catalog.regclass) AS with_actions FROM pg_catalog.pg_class c LEFT JOIN pg_catalog.pg_dist_partition p ON p.logicalrelid = c.oid WHERE c.relnamespace = 'replaysafe'::pg_catalog.regnamespace AND c.relkind IN ('r', 'p') AND c.relname <> 'alembic_version' ORDER BY 1
+
+-- name: citus_lookups --
+-- doctor, on Citus: the views that find a caller's binding look it up per node (a later
+-- migration that replaced them needs `migrate --citus` again).
+SELECT v.name, pg_catalog.strpos(pg_catalog.pg_get_viewdef(('replaysafe.' || v.name)::pg_catalog.regclass), 'role_binding_nodes') > 0 AS per_node FROM pg_catalog.unnest(ARRAY['_caller', '_reader']) AS v(name) ORDER BY 1
