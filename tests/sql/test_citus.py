@@ -341,7 +341,7 @@ def test_which_driver_calls_citus_can_delegate(conn: Conn) -> None:
             continue
         assert match is not None and match.group(1) == name, query
         assert " WHERE " not in query
-        params = dict.fromkeys(re.findall(r"%\((\w+)\)s", query))
+        params = dict.fromkeys(re.findall(r"%\((\w+)\)[sbt]", query))
         params["now"] = datetime(2026, 1, 1, tzinfo=UTC)
         with_now = _plan(conn, queries.get(name, params), params)
         without_now = _plan(conn, queries.get(name, {}), params)
