@@ -221,7 +221,7 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM replaysafe._caller_scope c WHERE c.is_owner) THEN
         PERFORM replaysafe._raise('RS004', 'access denied: only the schema owner syncs role bindings');
     END IF;
-    IF (SELECT g.groupid FROM pg_dist_local_group g) <> 0 THEN
+    IF (SELECT g.groupid FROM pg_dist_local_group g) IS DISTINCT FROM 0 THEN
         PERFORM replaysafe._raise('55000', 'run replaysafe.citus_sync_role_bindings() on the coordinator');
     END IF;
     -- Bound roles under their current names (a renamed role keeps its binding).
@@ -336,6 +336,10 @@ BEGIN
                     THEN array_position(p.proargnames, 'p_tenant_id') - 1 END AS arg_index
         FROM pg_proc p
         WHERE p.pronamespace = 'replaysafe'::regnamespace
+          -- The bindings' writers stay on the coordinator: on a worker they would store
+          -- that node's role OIDs in the reference table, which the sync reads as the
+          -- coordinator's (a binding lent to whichever role holds that OID there).
+          AND p.proname NOT IN ('bind_role_to_tenant', 'unbind_role')
         ORDER BY p.oid
     LOOP
         CONTINUE WHEN EXISTS (
