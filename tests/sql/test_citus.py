@@ -100,26 +100,26 @@ def test_the_script_refuses_a_revision_it_was_not_written_for(dsn: str, conn: Co
         conn.execute(guard)
 
 
-def test_a_table_the_script_does_not_know_stops_it(dsn: str, conn: Conn) -> None:
+def _script_refuses(conn: Conn, setup: str, match: str) -> None:
+    """After ``setup`` on a database with the stand-ins, the script stops with 55000."""
     if not _is_superuser(conn):
         pytest.skip("the Citus stand-ins need a superuser")
     install_standins(conn)
-    conn.execute("CREATE TABLE replaysafe.new_rows (tenant_id text PRIMARY KEY)")
-    with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState,
-                       match=r"does not know the table.*new_rows"), conn.transaction():
+    conn.execute(setup)  # type: ignore[arg-type]
+    with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match=match), \
+            conn.transaction():
         conn.execute(citus_script_without_guard(schema.citus_sql()))
+
+
+def test_a_table_the_script_does_not_know_stops_it(dsn: str, conn: Conn) -> None:
+    _script_refuses(conn, "CREATE TABLE replaysafe.new_rows (tenant_id text PRIMARY KEY)",
+                    r"does not know the table.*new_rows")
     assert conn.execute("SELECT count(*) FROM citus_standin.calls").fetchone() == (0,)
 
 
 def test_a_key_without_tenant_id_stops_it(dsn: str, conn: Conn) -> None:
-    if not _is_superuser(conn):
-        pytest.skip("the Citus stand-ins need a superuser")
-    install_standins(conn)
-    conn.execute("CREATE UNIQUE INDEX threads_by_id ON replaysafe.threads (thread_id)")
-    with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState,
-                       match=r"replaysafe\.threads_by_id on replaysafe\.threads do not include tenant_id"), \
-            conn.transaction():
-        conn.execute(citus_script_without_guard(schema.citus_sql()))
+    _script_refuses(conn, "CREATE UNIQUE INDEX threads_by_id ON replaysafe.threads (thread_id)",
+                    r"replaysafe\.threads_by_id on replaysafe\.threads do not include tenant_id")
 
 
 # --- what create_distributed_table requires (the catalog, no stand-ins) --------------------------
@@ -220,13 +220,9 @@ def test_running_it_again_changes_nothing(citus_db: str, conn: Conn) -> None:
 
 
 def test_a_table_distributed_otherwise_is_refused(dsn: str, conn: Conn) -> None:
-    if not _is_superuser(conn):
-        pytest.skip("the Citus stand-ins need a superuser")
-    install_standins(conn)
-    conn.execute("INSERT INTO pg_dist_partition VALUES ('replaysafe.threads', 'h', 'thread_id', 7, 's')")
-    with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState,
-                       match=r"replaysafe\.threads is already a Citus table"), conn.transaction():
-        conn.execute(citus_script_without_guard(schema.citus_sql()))
+    _script_refuses(
+        conn, "INSERT INTO pg_dist_partition VALUES ('replaysafe.threads', 'h', 'thread_id', 7, 's')",
+        r"replaysafe\.threads is already a Citus table")
 
 
 def test_doctor_knows_a_citus_installation(citus_db: str, conn: Conn) -> None:
