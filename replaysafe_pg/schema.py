@@ -122,9 +122,49 @@ def alembic_config(dsn: str | None = None) -> Config:
     return cfg
 
 
+# On a distributed installation (citus.sql ran: a replaysafe table is in pg_dist_partition),
+# only the revision citus.sql was reviewed for may be installed. Any other revision script —
+# an upgrade past it, every downgrade — would re-create objects citus.sql replaced for a
+# cluster (_caller and _reader, whose role-OID lookups are wrong on a worker node: roles
+# have other OIDs there) and classify no new table. Prepended to those scripts (online and
+# offline); the inner IF is planned only where Citus's catalog exists.
+CITUS_MIGRATION_GUARD_SQL = """DO $citus_guard$
+BEGIN
+    IF pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
+        IF EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition p
+                   JOIN pg_catalog.pg_class c ON c.oid = p.logicalrelid
+                   JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+                   WHERE n.nspname = 'replaysafe') THEN
+            RAISE EXCEPTION USING ERRCODE = '55000', MESSAGE = pg_catalog.format(
+                'replaysafe is distributed with Citus, whose script (citus.sql) was reviewed '
+                'for revision %s only: %s is refused (it could re-create what the script '
+                'replaced for the cluster, the per-node role bindings); nothing was changed '
+                '(docs/scale-out.md)', '{reviewed}', '{step}');
+        END IF;
+    END IF;
+END
+$citus_guard$;
+"""
+
+
+def citus_migration_guard(name: str) -> str:
+    """The guard to run before the revision script ``name`` (``NNNN_x.sql`` or
+    ``NNNN_x.down.sql``), or "" for an upgrade script citus.sql has been reviewed against."""
+    revision = name.split("_", 1)[0]
+    if name.endswith(".down.sql"):
+        step = f"downgrading revision {revision}"
+    elif revision > CITUS_REVISION:
+        step = f"upgrading to revision {revision}"
+    else:
+        return ""
+    return CITUS_MIGRATION_GUARD_SQL.format(reviewed=CITUS_REVISION, step=step)
+
+
 def run_revision_sql(revision_file: str, name: str, connection: Connection | None) -> None:
-    """Run a revision's SQL file: on ``connection``, or through alembic's ``op`` (offline)."""
-    sql = (Path(revision_file).resolve().parent / name).read_text(encoding="utf-8")
+    """Run a revision's SQL file: on ``connection``, or through alembic's ``op`` (offline);
+    on a Citus-distributed installation, only what :func:`citus_migration_guard` allows."""
+    sql = citus_migration_guard(name) + (
+        Path(revision_file).resolve().parent / name).read_text(encoding="utf-8")
     if connection is None:
         import sqlalchemy as sa
         from alembic import op
@@ -302,7 +342,8 @@ def _connection(target: str | Connection | Engine) -> Iterator[Connection]:
 @contextlib.contextmanager
 def _privilege_errors() -> Iterator[None]:
     """A missing privilege reaches the caller as :class:`AccessDenied` (its message says
-    which), not as SQLAlchemy's wrapper of the DBAPI's error."""
+    which), the Citus guard's refusal as :class:`CitusUnavailable`, not as SQLAlchemy's
+    wrapper of the DBAPI's error."""
     import psycopg
     from sqlalchemy.exc import DBAPIError
 
@@ -315,6 +356,9 @@ def _privilege_errors() -> Iterator[None]:
             domain = translate(orig)
             if domain is not None:
                 raise domain from exc
+        if isinstance(orig, psycopg.Error) and orig.sqlstate == "55000" and \
+                "is distributed with Citus" in (orig.diag.message_primary or ""):
+            raise CitusUnavailable(orig.diag.message_primary or str(orig)) from exc
         raise
 
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+import sqlalchemy as sa
 from helpers.citus import DELEGATED, citus_script_without_guard, install_standins
 from helpers.cli import run_json
 from helpers.db import bind, connect_as
@@ -217,6 +219,54 @@ def test_running_it_again_changes_nothing(citus_db: str, conn: Conn) -> None:
         conn.execute(citus_script_without_guard(schema.citus_sql()))
     assert conn.execute("SELECT count(*) FROM citus_standin.calls "
                         "WHERE fn LIKE 'create%'").fetchone() == count
+
+
+def test_a_distributed_installation_takes_no_other_revision(citus_db: str, conn: Conn,
+                                                           tmp_path: Path) -> None:
+    """The security review's F1: a revision script run on a distributed installation would
+    re-create _caller/_reader with role-OID lookups (wrong on a worker node). Every downgrade
+    and every upgrade past the reviewed revision is refused before it changes anything."""
+    before = _snapshot(conn)
+    with pytest.raises(CitusUnavailable, match=r"distributed with Citus.*reviewed for "
+                       r"revision 0007 only: downgrading revision 0007 is refused.*nothing"):
+        replaysafe_pg.downgrade(citus_db, "0006")
+    # The next revision, as alembic would run it (its SQL through run_revision_sql).
+    (tmp_path / "0008_next.sql").write_text(
+        "CREATE TABLE replaysafe.next_rows (tenant_id text PRIMARY KEY);")
+    engine = sa.create_engine(schema.sqlalchemy_url(citus_db), poolclass=sa.NullPool)
+    try:
+        with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState,
+                           match="upgrading to revision 0008 is refused"), \
+                engine.begin() as sa_conn:
+            schema.run_revision_sql(str(tmp_path / "0008_next.py"), "0008_next.sql", sa_conn)
+    finally:
+        engine.dispose()
+    assert _snapshot(conn) == before
+    assert replaysafe_pg.current_revision(citus_db) == "0007"
+    # Migrating to the reviewed revision (a no-op) and re-running citus.sql stay allowed.
+    replaysafe_pg.migrate(citus_db)
+
+
+def test_the_revision_guard_lets_an_undistributed_installation_through(
+        dsn: str, conn: Conn, tmp_path: Path) -> None:
+    assert schema.citus_migration_guard("0007_hot_path.sql") == ""
+    assert "downgrading revision 0007" in schema.citus_migration_guard("0007_hot_path.down.sql")
+    assert "upgrading to revision 0008" in schema.citus_migration_guard("0008_next.sql")
+    conn.execute(schema.citus_migration_guard("0008_next.sql"))  # no Citus catalog at all
+    if _is_superuser(conn):
+        install_standins(conn)  # Citus's catalog, nothing of ours distributed
+        conn.execute(schema.citus_migration_guard("0008_next.sql"))
+    (tmp_path / "0008_next.sql").write_text(
+        "CREATE TABLE replaysafe.next_rows (tenant_id text PRIMARY KEY);")
+    engine = sa.create_engine(schema.sqlalchemy_url(dsn), poolclass=sa.NullPool)
+    try:
+        with engine.begin() as sa_conn:
+            schema.run_revision_sql(str(tmp_path / "0008_next.py"), "0008_next.sql", sa_conn)
+    finally:
+        engine.dispose()
+    assert conn.execute("SELECT to_regclass('replaysafe.next_rows') IS NOT NULL").fetchone() == (True,)
+    replaysafe_pg.downgrade(dsn, "0006")  # an undistributed installation downgrades as before
+    assert replaysafe_pg.current_revision(dsn) == "0006"
 
 
 def test_a_table_distributed_otherwise_is_refused(dsn: str, conn: Conn) -> None:
