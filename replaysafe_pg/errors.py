@@ -109,8 +109,8 @@ class CitusUnavailable(ReplaysafeError):
     """``migrate(..., citus=True)`` refused: the database cannot take replaysafe's Citus
     distribution (no ``citus`` extension, a Citus older than 11.0, a worker node, a schema
     revision the Citus script was not written for); or ``migrate``/``downgrade`` of an
-    installation distributed with Citus to another revision than the one the Citus script
-    was reviewed for. Nothing was changed (docs/scale-out.md)."""
+    installation distributed with Citus, which takes no revision script. Nothing was changed
+    (docs/scale-out.md)."""
 
 
 BY_SQLSTATE: dict[str, type[ReplaysafeError]] = {

@@ -122,24 +122,29 @@ def alembic_config(dsn: str | None = None) -> Config:
     return cfg
 
 
-# On a distributed installation (citus.sql ran: a replaysafe table is in pg_dist_partition),
-# only the revision citus.sql was reviewed for may be installed. Any other revision script —
-# an upgrade past it, every downgrade — would re-create objects citus.sql replaced for a
-# cluster (_caller and _reader, whose role-OID lookups are wrong on a worker node: roles
-# have other OIDs there) and classify no new table. Prepended to those scripts (online and
-# offline); the inner IF is planned only where Citus's catalog exists.
+# On a distributed installation (citus.sql ran: its role_binding_nodes table exists, or a
+# replaysafe table is in Citus's pg_dist_partition) no revision script runs, up or down: a
+# script re-creates objects as a single node has them — _caller and _reader with bindings
+# looked up by role OID, which on a worker node is another role's OID (the security review's
+# F1) — and classifies no new table for Citus. Upgrading a distributed installation needs a
+# release that does it together with citus.sql and was tried on a cluster; until then it is
+# refused before anything changes. Prepended to every revision script, online and offline
+# (the inner IF is planned only where Citus's catalog exists).
 CITUS_MIGRATION_GUARD_SQL = """DO $citus_guard$
 BEGIN
+    IF pg_catalog.to_regclass('replaysafe.role_binding_nodes') IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '55000', MESSAGE = pg_catalog.concat(
+            'replaysafe is distributed with Citus (docs/scale-out.md): {step} is refused, ',
+            'nothing was changed');
+    END IF;
     IF pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
         IF EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition p
-                   JOIN pg_catalog.pg_class c ON c.oid = p.logicalrelid
-                   JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-                   WHERE n.nspname = 'replaysafe') THEN
-            RAISE EXCEPTION USING ERRCODE = '55000', MESSAGE = pg_catalog.format(
-                'replaysafe is distributed with Citus, whose script (citus.sql) was reviewed '
-                'for revision %s only: %s is refused (it could re-create what the script '
-                'replaced for the cluster, the per-node role bindings); nothing was changed '
-                '(docs/scale-out.md)', '{reviewed}', '{step}');
+                   JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) p.logicalrelid::pg_catalog.oid
+                   JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+                   WHERE n.nspname OPERATOR(pg_catalog.=) 'replaysafe'::pg_catalog.name) THEN
+            RAISE EXCEPTION USING ERRCODE = '55000', MESSAGE = pg_catalog.concat(
+                'replaysafe is distributed with Citus (docs/scale-out.md): {step} is refused, ',
+                'nothing was changed');
         END IF;
     END IF;
 END
@@ -148,16 +153,12 @@ $citus_guard$;
 
 
 def citus_migration_guard(name: str) -> str:
-    """The guard to run before the revision script ``name`` (``NNNN_x.sql`` or
-    ``NNNN_x.down.sql``), or "" for an upgrade script citus.sql has been reviewed against."""
+    """The guard that runs before the revision script ``name`` (``NNNN_x.sql`` or
+    ``NNNN_x.down.sql``): it refuses a Citus-distributed installation."""
     revision = name.split("_", 1)[0]
-    if name.endswith(".down.sql"):
-        step = f"downgrading revision {revision}"
-    elif revision > CITUS_REVISION:
-        step = f"upgrading to revision {revision}"
-    else:
-        return ""
-    return CITUS_MIGRATION_GUARD_SQL.format(reviewed=CITUS_REVISION, step=step)
+    step = (f"downgrading revision {revision}" if name.endswith(".down.sql")
+            else f"upgrading to revision {revision}")
+    return CITUS_MIGRATION_GUARD_SQL.replace("{step}", step.replace("'", "''"))
 
 
 def run_revision_sql(revision_file: str, name: str, connection: Connection | None) -> None:
@@ -430,8 +431,9 @@ def migrate(target: str | Connection | Engine, revision: str = "head", *,
     may read the revision (a worker, say, with the application's own DSN) may call it.
 
     ``citus=True`` (a Citus coordinator, as the schema owner; docs/scale-out.md): then, in a
-    second transaction, distribute the schema by tenant (``replaysafe_pg/sql/citus.sql``;
-    again after every upgrade: it skips what is distributed already). A database without
+    second transaction, distribute the schema by tenant (``replaysafe_pg/sql/citus.sql``; it
+    skips what is distributed already). Once distributed, an installation takes no revision
+    script, up or down (:func:`citus_migration_guard`). A database without
     the ``citus`` extension is refused with :class:`CitusUnavailable` before anything is
     written. ``shard_count``: the shards of a table distributed now (default: the server's
     ``citus.shard_count``)."""

@@ -3,7 +3,8 @@
 -- Run on the Citus coordinator, as the schema owner, after the ordinary migration to the
 -- revision named in the guard below (`replaysafe-pg migrate --citus` does both; `--citus
 -- --sql` prints this script). One transaction; safe to run again (what is already
--- distributed is left as it is), and to run again after every upgrade.
+-- distributed is left as it is). A distributed installation takes no revision script, up
+-- or down: every one refuses it (replaysafe_pg.schema.citus_migration_guard).
 --
 -- What it does:
 --   * every table with rows of a tenant is distributed by tenant_id, all co-located with

@@ -21,7 +21,7 @@ from psycopg import conninfo as pg_conninfo
 
 import replaysafe_pg
 from replaysafe_pg._dsn import render_url, sqlalchemy_url
-from replaysafe_pg.schema import head_revision, schema_sql
+from replaysafe_pg.schema import head_revision, revisions, schema_sql
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -223,6 +223,8 @@ def test_alembic_cli_offline_sql_needs_no_database_and_builds_the_schema(
     done = alembic("-c", str(ROOT / "alembic.ini"), "upgrade", "head", "--sql")
     assert done.returncode == 0, done.stderr
     assert "CREATE FUNCTION replaysafe.claim_action(" in done.stdout
+    # Every revision script carries the Citus guard (docs/scale-out.md), printed intact.
+    assert done.stdout.count("DO $citus_guard$") == len(revisions())
     applied = subprocess.run([pg_tool("psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1",
                               f"--dbname={empty_dsn}"], input=done.stdout, text=True,
                              capture_output=True, timeout=120)

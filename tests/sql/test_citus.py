@@ -221,49 +221,62 @@ def test_running_it_again_changes_nothing(citus_db: str, conn: Conn) -> None:
                         "WHERE fn LIKE 'create%'").fetchone() == count
 
 
-def test_a_distributed_installation_takes_no_other_revision(citus_db: str, conn: Conn,
-                                                           tmp_path: Path) -> None:
-    """The security review's F1: a revision script run on a distributed installation would
-    re-create _caller/_reader with role-OID lookups (wrong on a worker node). Every downgrade
-    and every upgrade past the reviewed revision is refused before it changes anything."""
-    before = _snapshot(conn)
-    with pytest.raises(CitusUnavailable, match=r"distributed with Citus.*reviewed for "
-                       r"revision 0007 only: downgrading revision 0007 is refused.*nothing"):
-        replaysafe_pg.downgrade(citus_db, "0006")
-    # The next revision, as alembic would run it (its SQL through run_revision_sql).
-    (tmp_path / "0008_next.sql").write_text(
-        "CREATE TABLE replaysafe.next_rows (tenant_id text PRIMARY KEY);")
-    engine = sa.create_engine(schema.sqlalchemy_url(citus_db), poolclass=sa.NullPool)
+def _run_revision(dsn: str, directory: Path, name: str, sql: str) -> None:
+    """A revision script as alembic runs ours (through run_revision_sql), in one transaction."""
+    (directory / name).write_text(sql)
+    engine = sa.create_engine(schema.sqlalchemy_url(dsn), poolclass=sa.NullPool)
     try:
-        with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState,
-                           match="upgrading to revision 0008 is refused"), \
-                engine.begin() as sa_conn:
-            schema.run_revision_sql(str(tmp_path / "0008_next.py"), "0008_next.sql", sa_conn)
+        with engine.begin() as sa_conn:
+            schema.run_revision_sql(str(directory / "revision.py"), name, sa_conn)
     finally:
         engine.dispose()
+
+
+NEXT_REVISION = "CREATE TABLE replaysafe.next_rows (tenant_id text PRIMARY KEY);"
+
+
+def test_a_distributed_installation_takes_no_revision_script(citus_db: str, conn: Conn,
+                                                             tmp_path: Path) -> None:
+    """The security review's F1: a revision script run on a distributed installation would
+    re-create _caller/_reader with role-OID lookups (wrong on a worker node). Every script,
+    up or down, is refused before it changes anything."""
+    before = _snapshot(conn)
+    with pytest.raises(CitusUnavailable, match=r"distributed with Citus.*downgrading revision "
+                       r"0007 is refused, nothing was changed"):
+        replaysafe_pg.downgrade(citus_db, "0006")
+    for name in ("0008_next.sql", "0007_again.sql"):
+        with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState,
+                           match=f"upgrading to revision {name[:4]} is refused"):
+            _run_revision(citus_db, tmp_path, name, NEXT_REVISION)
+    # Undistributed by hand (Citus's catalog forgets the tables): the per-node lookups that
+    # citus.sql installed are still there, and so is the refusal.
+    conn.execute("DELETE FROM pg_catalog.pg_dist_partition")
+    with pytest.raises(CitusUnavailable, match="downgrading revision 0007 is refused"):
+        replaysafe_pg.downgrade(citus_db, "0006")
     assert _snapshot(conn) == before
     assert replaysafe_pg.current_revision(citus_db) == "0007"
-    # Migrating to the reviewed revision (a no-op) and re-running citus.sql stay allowed.
-    replaysafe_pg.migrate(citus_db)
+    replaysafe_pg.migrate(citus_db)  # at the head already: no script runs, nothing refused
 
 
 def test_the_revision_guard_lets_an_undistributed_installation_through(
         dsn: str, conn: Conn, tmp_path: Path) -> None:
-    assert schema.citus_migration_guard("0007_hot_path.sql") == ""
-    assert "downgrading revision 0007" in schema.citus_migration_guard("0007_hot_path.down.sql")
-    assert "upgrading to revision 0008" in schema.citus_migration_guard("0008_next.sql")
+    for path in (Path(schema.__file__).parent / "migrations" / "versions").glob("*.sql"):
+        assert "$citus_guard$" in schema.citus_migration_guard(path.name), path.name
     conn.execute(schema.citus_migration_guard("0008_next.sql"))  # no Citus catalog at all
     if _is_superuser(conn):
-        install_standins(conn)  # Citus's catalog, nothing of ours distributed
+        install_standins(conn)  # Citus's catalog, with an application's table distributed
+        conn.execute("CREATE TABLE public.app_orders (id int PRIMARY KEY)")
+        conn.execute("INSERT INTO pg_catalog.pg_dist_partition "
+                     "VALUES ('public.app_orders', 'h', 'id', 1, 's')")
         conn.execute(schema.citus_migration_guard("0008_next.sql"))
-    (tmp_path / "0008_next.sql").write_text(
-        "CREATE TABLE replaysafe.next_rows (tenant_id text PRIMARY KEY);")
-    engine = sa.create_engine(schema.sqlalchemy_url(dsn), poolclass=sa.NullPool)
-    try:
-        with engine.begin() as sa_conn:
-            schema.run_revision_sql(str(tmp_path / "0008_next.py"), "0008_next.sql", sa_conn)
-    finally:
-        engine.dispose()
+        # One of ours distributed by hand, without citus.sql: refused as well.
+        conn.execute("INSERT INTO pg_catalog.pg_dist_partition "
+                     "VALUES ('replaysafe.actions', 'h', 'tenant_id', 2, 's')")
+        with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="0008 is refused"):
+            conn.execute(schema.citus_migration_guard("0008_next.sql"))
+        conn.execute("DELETE FROM pg_catalog.pg_dist_partition "
+                     "WHERE logicalrelid = 'replaysafe.actions'::regclass")
+    _run_revision(dsn, tmp_path, "0008_next.sql", NEXT_REVISION)
     assert conn.execute("SELECT to_regclass('replaysafe.next_rows') IS NOT NULL").fetchone() == (True,)
     replaysafe_pg.downgrade(dsn, "0006")  # an undistributed installation downgrades as before
     assert replaysafe_pg.current_revision(dsn) == "0006"
