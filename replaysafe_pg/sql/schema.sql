@@ -188,7 +188,7 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    EXECUTE 'DEALLOCATE replaysafe_probe_no_such_statement';
+    DEALLOCATE replaysafe_probe_no_such_statement;  -- static: parsed once a session
     RETURN false;  -- only if someone prepared a statement of that name
 EXCEPTION
     WHEN insufficient_privilege THEN RETURN true;
@@ -373,13 +373,16 @@ BEGIN
     -- Every collatable argument of a PL/pgSQL call shares the collation of the call's
     -- arguments, and it wins over the columns' in every comparison in the function: a
     -- caller's nondeterministic collation (a case-insensitive one in pg_temp, say) on any
-    -- argument made 'acme' equal 'ACME' here and in every key lookup after it.
-    IF pg_collation_for(p_tenant_id) IS DISTINCT FROM '"default"' THEN
+    -- argument made 'acme' equal 'ACME' here and in every key lookup after it. The name
+    -- pg_collation_for gives is text in that collation too: compared under its own, an
+    -- attacker's collation named _."default" (punctuation ignored) equalled '"default"'
+    -- (revision 0008's review): both comparisons here are under "C".
+    IF pg_collation_for(p_tenant_id) COLLATE "C" IS DISTINCT FROM '"default"' THEN
         PERFORM replaysafe._invalid('p_tenant_id', 'the arguments must not carry a COLLATE clause '
                                     '(comparisons use the database''s collation)');
     END IF;
     SELECT c.tenant_id, c.role_name INTO v_tenant, v_role FROM replaysafe._caller c;
-    IF v_tenant = p_tenant_id THEN
+    IF v_tenant = p_tenant_id COLLATE "C" THEN
         RETURN;
     END IF;
     IF v_tenant IS NULL THEN
@@ -556,7 +559,14 @@ BEGIN
     IF (p_now BETWEEN clock_timestamp() - interval '5 minutes' AND clock_timestamp()) IS NOT TRUE THEN
         p_now := replaysafe._check_now(p_now);
     END IF;
-    PERFORM replaysafe._acts_for(p_tenant_id);
+    -- The tenant check's common case inline: a caller bound to p_tenant_id, per _caller
+    -- (which holds the security-restricted-operation probe). Anything else, and any argument
+    -- with a COLLATE clause, takes _acts_for's whole path (its answer or its error). Both
+    -- tests compare under "C" (see _acts_for).
+    IF pg_collation_for(p_tenant_id) COLLATE "C" IS DISTINCT FROM '"default"'
+       OR ((SELECT c.tenant_id FROM replaysafe._caller c) = p_tenant_id COLLATE "C") IS NOT TRUE THEN
+        PERFORM replaysafe._acts_for(p_tenant_id);
+    END IF;
 
     -- Fast path, no lock: terminal and unknown actions answer from one read.
     SELECT * INTO a FROM replaysafe.actions x
@@ -800,7 +810,14 @@ BEGIN
     IF (p_now BETWEEN clock_timestamp() - interval '5 minutes' AND clock_timestamp()) IS NOT TRUE THEN
         p_now := replaysafe._check_now(p_now);
     END IF;
-    PERFORM replaysafe._acts_for(p_tenant_id);
+    -- The tenant check's common case inline: a caller bound to p_tenant_id, per _caller
+    -- (which holds the security-restricted-operation probe). Anything else, and any argument
+    -- with a COLLATE clause, takes _acts_for's whole path (its answer or its error). Both
+    -- tests compare under "C" (see _acts_for).
+    IF pg_collation_for(p_tenant_id) COLLATE "C" IS DISTINCT FROM '"default"'
+       OR ((SELECT c.tenant_id FROM replaysafe._caller c) = p_tenant_id COLLATE "C") IS NOT TRUE THEN
+        PERFORM replaysafe._acts_for(p_tenant_id);
+    END IF;
 
     -- state compared as text: see _report.
     UPDATE replaysafe.actions x
@@ -852,7 +869,14 @@ BEGIN
     IF (p_now BETWEEN clock_timestamp() - interval '5 minutes' AND clock_timestamp()) IS NOT TRUE THEN
         p_now := replaysafe._check_now(p_now);
     END IF;
-    PERFORM replaysafe._acts_for(p_tenant_id);
+    -- The tenant check's common case inline: a caller bound to p_tenant_id, per _caller
+    -- (which holds the security-restricted-operation probe). Anything else, and any argument
+    -- with a COLLATE clause, takes _acts_for's whole path (its answer or its error). Both
+    -- tests compare under "C" (see _acts_for).
+    IF pg_collation_for(p_tenant_id) COLLATE "C" IS DISTINCT FROM '"default"'
+       OR ((SELECT c.tenant_id FROM replaysafe._caller c) = p_tenant_id COLLATE "C") IS NOT TRUE THEN
+        PERFORM replaysafe._acts_for(p_tenant_id);
+    END IF;
 
     -- Hot path: the attempt still holds the action. The state is compared as text so the
     -- planner cannot pick the partial index of running rows (a walk over every running
@@ -1329,7 +1353,14 @@ BEGIN
        IS NOT TRUE THEN
         PERFORM replaysafe._check_thread_args(p_tenant_id, p_thread_id, p_user_id);
     END IF;
-    PERFORM replaysafe._acts_for(p_tenant_id);
+    -- The tenant check's common case inline: a caller bound to p_tenant_id, per _caller
+    -- (which holds the security-restricted-operation probe). Anything else, and any argument
+    -- with a COLLATE clause, takes _acts_for's whole path (its answer or its error). Both
+    -- tests compare under "C" (see _acts_for).
+    IF pg_collation_for(p_tenant_id) COLLATE "C" IS DISTINCT FROM '"default"'
+       OR ((SELECT c.tenant_id FROM replaysafe._caller c) = p_tenant_id COLLATE "C") IS NOT TRUE THEN
+        PERFORM replaysafe._acts_for(p_tenant_id);
+    END IF;
 
     SELECT * INTO t FROM replaysafe.threads x
     WHERE x.tenant_id = p_tenant_id AND x.thread_id = p_thread_id;
@@ -1393,7 +1424,14 @@ BEGIN
         PERFORM replaysafe._invalid('p_history_limit',
             'must be a positive number of versions (got ' || p_history_limit || ')');
     END IF;
-    PERFORM replaysafe._acts_for(p_tenant_id);
+    -- The tenant check's common case inline: a caller bound to p_tenant_id, per _caller
+    -- (which holds the security-restricted-operation probe). Anything else, and any argument
+    -- with a COLLATE clause, takes _acts_for's whole path (its answer or its error). Both
+    -- tests compare under "C" (see _acts_for).
+    IF pg_collation_for(p_tenant_id) COLLATE "C" IS DISTINCT FROM '"default"'
+       OR ((SELECT c.tenant_id FROM replaysafe._caller c) = p_tenant_id COLLATE "C") IS NOT TRUE THEN
+        PERFORM replaysafe._acts_for(p_tenant_id);
+    END IF;
 
     IF p_expected_version = 0 THEN
         INSERT INTO replaysafe.threads AS x (
@@ -1916,7 +1954,14 @@ BEGIN
         PERFORM replaysafe._invalid('p_history_limit',
             'must be a positive number of checkpoints (got ' || p_history_limit || ')');
     END IF;
-    PERFORM replaysafe._acts_for(p_tenant_id);
+    -- The tenant check's common case inline: a caller bound to p_tenant_id, per _caller
+    -- (which holds the security-restricted-operation probe). Anything else, and any argument
+    -- with a COLLATE clause, takes _acts_for's whole path (its answer or its error). Both
+    -- tests compare under "C" (see _acts_for).
+    IF pg_collation_for(p_tenant_id) COLLATE "C" IS DISTINCT FROM '"default"'
+       OR ((SELECT c.tenant_id FROM replaysafe._caller c) = p_tenant_id COLLATE "C") IS NOT TRUE THEN
+        PERFORM replaysafe._acts_for(p_tenant_id);
+    END IF;
 
     -- The namespace's lock (inline: the common case, a namespace already written to).
     SELECT n.refused, n.head INTO v_refused, v_head FROM replaysafe.langgraph_namespaces n
@@ -2119,7 +2164,14 @@ BEGIN
        IS NOT TRUE THEN
         PERFORM replaysafe._langgraph_check_args(p_tenant_id, p_thread_id, p_checkpoint_ns);
     END IF;
-    PERFORM replaysafe._acts_for(p_tenant_id);
+    -- The tenant check's common case inline: a caller bound to p_tenant_id, per _caller
+    -- (which holds the security-restricted-operation probe). Anything else, and any argument
+    -- with a COLLATE clause, takes _acts_for's whole path (its answer or its error). Both
+    -- tests compare under "C" (see _acts_for).
+    IF pg_collation_for(p_tenant_id) COLLATE "C" IS DISTINCT FROM '"default"'
+       OR ((SELECT c.tenant_id FROM replaysafe._caller c) = p_tenant_id COLLATE "C") IS NOT TRUE THEN
+        PERFORM replaysafe._acts_for(p_tenant_id);
+    END IF;
 
     IF v_id IS NULL THEN
         SELECT n.head INTO v_id FROM replaysafe.langgraph_namespaces n

@@ -95,10 +95,10 @@ def test_the_script_refuses_a_revision_it_was_not_written_for(dsn: str, conn: Co
     guard = schema.citus_sql().split("-- guard: begin --")[1].split("-- guard: end --")[0]
     guard = guard.replace("(SELECT e.extversion FROM pg_catalog.pg_extension e WHERE e.extname = 'citus')",
                           "'12.1-1'")
-    conn.execute(guard)  # 0007: accepted
-    conn.execute("UPDATE replaysafe.alembic_version SET version_num = '0006'")
+    conn.execute(guard)  # 0008: accepted
+    conn.execute("UPDATE replaysafe.alembic_version SET version_num = '0007'")
     with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState,
-                       match="written for schema revision 0007 and this database is at 0006"):
+                       match="written for schema revision 0008 and this database is at 0007"):
         conn.execute(guard)
 
 
@@ -242,19 +242,19 @@ def test_a_distributed_installation_takes_no_revision_script(citus_db: str, conn
     up or down, is refused before it changes anything."""
     before = _snapshot(conn)
     with pytest.raises(CitusUnavailable, match=r"distributed with Citus.*downgrading revision "
-                       r"0007 is refused, nothing was changed"):
-        replaysafe_pg.downgrade(citus_db, "0006")
-    for name in ("0008_next.sql", "0007_again.sql"):
+                       r"0008 is refused, nothing was changed"):
+        replaysafe_pg.downgrade(citus_db, "0007")
+    for name in ("0009_next.sql", "0008_again.sql"):
         with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState,
                            match=f"upgrading to revision {name[:4]} is refused"):
             _run_revision(citus_db, tmp_path, name, NEXT_REVISION)
     # Undistributed by hand (Citus's catalog forgets the tables): the per-node lookups that
     # citus.sql installed are still there, and so is the refusal.
     conn.execute("DELETE FROM pg_catalog.pg_dist_partition")
-    with pytest.raises(CitusUnavailable, match="downgrading revision 0007 is refused"):
-        replaysafe_pg.downgrade(citus_db, "0006")
+    with pytest.raises(CitusUnavailable, match="downgrading revision 0008 is refused"):
+        replaysafe_pg.downgrade(citus_db, "0007")
     assert _snapshot(conn) == before
-    assert replaysafe_pg.current_revision(citus_db) == "0007"
+    assert replaysafe_pg.current_revision(citus_db) == "0008"
     replaysafe_pg.migrate(citus_db)  # at the head already: no script runs, nothing refused
 
 

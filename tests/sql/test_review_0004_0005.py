@@ -143,13 +143,30 @@ def icu_roles(icu_dsn: str) -> Iterator[tuple[str, str]]:
                 c.execute(f'DROP ROLE IF EXISTS "{n}"')
 
 
-def test_a_callers_collation_cannot_widen_the_tenant(icu_dsn: str,
-                                                             icu_roles: tuple[str, str]) -> None:
+# How the attacker makes its collation, and how it names it in a call.
+COLLATIONS = {
+    # No CREATE anywhere: TEMP is enough.
+    "case-insensitive in pg_temp": (
+        ["CREATE COLLATION pg_temp.ci (provider = icu, locale = 'und-u-ks-level2', "
+         "deterministic = false)"], "pg_temp.ci"),
+    # Revision 0008's review: a collation that also ignores punctuation, named "default" in a
+    # schema of the attacker's: pg_collation_for() gives _."default", which that collation
+    # itself found equal to '"default"' — the guard passed, and 'acme' equalled 'ACME'.
+    "named _.\"default\", ignoring punctuation": (
+        ['CREATE SCHEMA "_"', 'CREATE COLLATION "_"."default" (provider = icu, '
+         "locale = 'und-u-ka-shifted-ks-level2', deterministic = false)"], '"_"."default"'),
+}
+
+
+@pytest.mark.parametrize("how", sorted(COLLATIONS))
+def test_a_callers_collation_cannot_widen_the_tenant(icu_dsn: str, icu_roles: tuple[str, str],
+                                                     how: str) -> None:
     """PL/pgSQL gives every collatable parameter the collation of the call's arguments, and a
     non-default implicit collation wins over the columns' default in every comparison inside
-    the function. A worker of tenant 'acme' (no CREATE anywhere: TEMP is enough) makes a
-    case-insensitive collation in pg_temp and passes its tenant id with it: `_acts_for`
-    ('acme' = 'ACME'), the row lookups and the UPDATEs then match tenant 'ACME' too."""
+    the function. A worker of tenant 'acme' makes a nondeterministic collation and passes its
+    tenant id with it: `_acts_for` ('acme' = 'ACME'), the row lookups and the UPDATEs then
+    matched tenant 'ACME' too."""
+    setup, collation = COLLATIONS[how]
     attacker, victim = icu_roles
     with psycopg.connect(icu_dsn, autocommit=True) as owner:
         owner.execute("SELECT replaysafe.bind_role_to_tenant(p_role => %s, p_tenant_id => 'acme')",
@@ -160,23 +177,26 @@ def test_a_callers_collation_cannot_widen_the_tenant(icu_dsn: str,
         assert claim(v, "refund-1", "tok-victim", tenant="ACME")[0] == "claimed"
         v.execute("SELECT replaysafe.write_thread(p_tenant_id => 'ACME', p_thread_id => 't1', "
                   "p_expected_version => 0, p_state => '{\"card\": \"4111\"}', p_user_id => 'bob')")
+    with psycopg.connect(icu_dsn, autocommit=True) as owner:
+        # The second way needs a schema of its own (CREATE on the database).
+        owner.execute(f'GRANT CREATE ON DATABASE "{owner.info.dbname}" TO "{attacker}"')
     with connect_as(icu_dsn, attacker) as a:
-        a.execute("CREATE COLLATION pg_temp.ci (provider = icu, locale = 'und-u-ks-level2', "
-                  "deterministic = false)")
+        for statement in setup:
+            a.execute(statement)  # type: ignore[arg-type]
         # Its own tenant id, with its own collation: it completes ACME's running attempt.
-        forged = sqlstate(a, "SELECT replaysafe.complete_action(p_tenant_id => 'acme' COLLATE "
-                             "pg_temp.ci, p_action_key => 'refund-1', p_attempt => 1, "
+        forged = sqlstate(a, f"SELECT replaysafe.complete_action(p_tenant_id => 'acme' COLLATE "
+                             f"{collation}, p_action_key => 'refund-1', p_attempt => 1, "
                              "p_result => '{\"forged\": true}')")
         # ... reads ACME's thread state ...
         try:
-            stolen = a.execute("SELECT state FROM replaysafe.read_thread(p_tenant_id => 'ACME' "
-                               "COLLATE pg_temp.ci, p_thread_id => 't1', p_user_id => 'bob')"
-                               ).fetchall()
+            stolen = a.execute(f"SELECT state FROM replaysafe.read_thread(p_tenant_id => 'ACME' "
+                               f"COLLATE {collation}, p_thread_id => 't1', p_user_id => 'bob')"
+                               ).fetchall()  # type: ignore[arg-type]
         except psycopg.Error:
             stolen = []
         # ... and plants an action in ACME.
-        planted = sqlstate(a, "SELECT replaysafe.claim_action(p_tenant_id => 'ACME' COLLATE "
-                              "pg_temp.ci, p_action_key => 'planted', p_operation => 'refund', "
+        planted = sqlstate(a, f"SELECT replaysafe.claim_action(p_tenant_id => 'ACME' COLLATE "
+                              f"{collation}, p_action_key => 'planted', p_operation => 'refund', "
                               "p_request => '{}', p_worker_id => 'w')")
     rows = owner_rows(icu_dsn, "SELECT action_key, state::text, result FROM replaysafe.actions "
                                "WHERE tenant_id = 'ACME' ORDER BY 1")
