@@ -237,12 +237,17 @@ class SyncSource:
         # another thread's statement on the same connection (it read that statement's answer
         # as a goodbye, or consumed it: run_many's threads got each other's rows).
         with self._lock:
-            own = self._own
-            if own is None or not _usable(own):
-                if own is not None:
-                    own.close()  # the server closed it while idle: reconnect, never raise
-                own = self._own = self.connect()
-            yield own
+            yield self._usable_own()
+
+    def _usable_own(self) -> psycopg.Connection[Any]:
+        """The ledger's own connection, (re)opened if the server closed it while it sat idle
+        (never raises for that); the caller holds ``self._lock``."""
+        own = self._own
+        if own is None or not _usable(own):
+            if own is not None:
+                own.close()
+            own = self._own = self.connect()
+        return own
 
     def execute(self, query: LiteralString, params: dict[str, Any], *,
                 alone: bool = False, binary: bool = False) -> list[tuple[Any, ...]]:
@@ -250,6 +255,9 @@ class SyncSource:
         if self._given is not None:
             with self._given_lock:
                 return execute_on(self._given, query, params, alone=alone, binary=binary)
+        if self._pool is None:  # the common case without connection(): a replay's whole path
+            with wrap_errors(), self._lock:
+                return execute_on(self._usable_own(), query, params, alone=alone, binary=binary)
         with wrap_errors(), self.connection() as conn:
             return execute_on(conn, query, params, alone=alone, binary=binary)
 
