@@ -131,21 +131,20 @@ def alembic_config(dsn: str | None = None) -> Config:
 # refused before anything changes. Prepended to every revision script, online and offline
 # (the inner IF is planned only where Citus's catalog exists).
 CITUS_MIGRATION_GUARD_SQL = """DO $citus_guard$
+DECLARE
+    v_distributed boolean := pg_catalog.to_regclass('replaysafe.role_binding_nodes') IS NOT NULL;
 BEGIN
-    IF pg_catalog.to_regclass('replaysafe.role_binding_nodes') IS NOT NULL THEN
+    IF NOT v_distributed AND pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
+        v_distributed := EXISTS (
+            SELECT 1 FROM pg_catalog.pg_dist_partition p
+            JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) p.logicalrelid::pg_catalog.oid
+            JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+            WHERE n.nspname OPERATOR(pg_catalog.=) 'replaysafe'::pg_catalog.name);
+    END IF;
+    IF v_distributed THEN
         RAISE EXCEPTION USING ERRCODE = '55000', MESSAGE = pg_catalog.concat(
             'replaysafe is distributed with Citus (docs/scale-out.md): {step} is refused, ',
             'nothing was changed');
-    END IF;
-    IF pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
-        IF EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition p
-                   JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) p.logicalrelid::pg_catalog.oid
-                   JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
-                   WHERE n.nspname OPERATOR(pg_catalog.=) 'replaysafe'::pg_catalog.name) THEN
-            RAISE EXCEPTION USING ERRCODE = '55000', MESSAGE = pg_catalog.concat(
-                'replaysafe is distributed with Citus (docs/scale-out.md): {step} is refused, ',
-                'nothing was changed');
-        END IF;
     END IF;
 END
 $citus_guard$;
