@@ -70,10 +70,10 @@ BEGIN
     IF to_regclass('replaysafe.alembic_version') IS NOT NULL THEN
         SELECT string_agg(v.version_num::text, ' ') INTO v_revision FROM replaysafe.alembic_version v;
     END IF;
-    IF v_revision IS DISTINCT FROM '0008' THEN
+    IF v_revision IS DISTINCT FROM '0009' THEN
         RAISE EXCEPTION USING ERRCODE = '55000', MESSAGE = format(
-            'replaysafe''s Citus distribution was written for schema revision 0008 and this '
-            'database is at %s: migrate to 0008 first (or use the replaysafe_pg release whose '
+            'replaysafe''s Citus distribution was written for schema revision 0009 and this '
+            'database is at %s: migrate to 0009 first (or use the replaysafe_pg release whose '
             'Citus script matches the installed revision)', coalesce(v_revision, 'no revision'));
     END IF;
 END

@@ -1906,6 +1906,9 @@ DECLARE
     v_head    text;
     v_found   boolean;
     v_old     record;
+    v_text    text;
+    v_bad     boolean := false;
+    v_fast    boolean := false;
     r         replaysafe.langgraph_put_record;
 BEGIN
     IF (octet_length(p_tenant_id) BETWEEN 1 AND 1024 AND length(p_tenant_id) <= 512
@@ -1941,11 +1944,15 @@ BEGIN
     END IF;
     -- Channels and versions are bounded like ids (they are keys of langgraph_blobs); a blob
     -- is NULL only for a channel emptied at this version.
-    IF cardinality(p_channels) > 0 AND EXISTS (
-           SELECT 1 FROM unnest(p_channels, p_versions, p_types) AS v(channel, version, type)
-           WHERE (octet_length(v.channel) BETWEEN 1 AND 1024 AND length(v.channel) <= 512
-                  AND octet_length(v.version) BETWEEN 1 AND 1024 AND length(v.version) <= 512
-                  AND octet_length(v.type) BETWEEN 1 AND 1024) IS NOT TRUE) THEN
+    -- Loops of simple expressions rather than a query over the arrays (a few channels).
+    FOREACH v_text IN ARRAY p_channels || p_versions LOOP
+        v_bad := v_bad OR (octet_length(v_text) BETWEEN 1 AND 1024
+                           AND length(v_text) <= 512) IS NOT TRUE;
+    END LOOP;
+    FOREACH v_text IN ARRAY p_types LOOP
+        v_bad := v_bad OR (octet_length(v_text) BETWEEN 1 AND 1024) IS NOT TRUE;
+    END LOOP;
+    IF v_bad THEN
         PERFORM replaysafe._invalid('p_channels',
             'every channel, version and type must be non-empty text of at most 512 characters '
             'and 1024 bytes');
@@ -1963,42 +1970,56 @@ BEGIN
         PERFORM replaysafe._acts_for(p_tenant_id);
     END IF;
 
-    -- The namespace's lock (inline: the common case, a namespace already written to).
-    SELECT n.refused, n.head INTO v_refused, v_head FROM replaysafe.langgraph_namespaces n
-    WHERE n.tenant_id = p_tenant_id AND n.thread_id = p_thread_id
-      AND n.checkpoint_ns = p_checkpoint_ns
-    FOR NO KEY UPDATE;
-    IF NOT FOUND THEN
-        v_refused := replaysafe._langgraph_namespace(p_tenant_id, p_thread_id, p_checkpoint_ns,
-                                                     true);
-        -- Locked now; another put may have created the row (and a head) meanwhile.
-        SELECT n.head INTO v_head FROM replaysafe.langgraph_namespaces n
+    -- A put whose parent is the head (a run continuing: the common case) takes the
+    -- namespace's lock by moving the head; no fork is possible, so no further reads.
+    IF p_parent_id IS NOT NULL THEN
+        UPDATE replaysafe.langgraph_namespaces n SET head = p_checkpoint_id
         WHERE n.tenant_id = p_tenant_id AND n.thread_id = p_thread_id
-          AND n.checkpoint_ns = p_checkpoint_ns;
+          AND n.checkpoint_ns = p_checkpoint_ns AND n.head = p_parent_id;
+        v_fast := FOUND;
     END IF;
 
-    -- A run continuing from the head (the common case) is accepted without further reads.
-    IF p_metadata ->> 'source' IN ('input', 'loop') AND p_parent_id IS DISTINCT FROM v_head THEN
-        v_head := replaysafe._langgraph_head(p_tenant_id, p_thread_id, p_checkpoint_ns, v_head);
-        -- Saving the head again (same id) is no fork.
-        IF v_head IS DISTINCT FROM p_checkpoint_id
-           AND ((p_parent_id IS NOT NULL AND v_head IS DISTINCT FROM p_parent_id)
-                OR (p_parent_id IS NULL AND v_head IS NOT NULL
-                    AND (p_metadata -> 'step' = '-1'::jsonb
-                         OR (jsonb_typeof(p_checkpoint -> 'versions_seen') = 'object'
-                             AND (p_checkpoint -> 'versions_seen') - '__input__'
-                                 <> '{}'::jsonb)))) THEN
-            DELETE FROM replaysafe.langgraph_writes w
-            WHERE w.tenant_id = p_tenant_id AND w.thread_id = p_thread_id
-              AND w.checkpoint_ns = p_checkpoint_ns AND w.checkpoint_id = p_checkpoint_id;
-            -- The last 32 refusals are enough: a losing run stops at its next checkpoint.
-            UPDATE replaysafe.langgraph_namespaces n
-            SET refused = (n.refused || p_checkpoint_id)[greatest(1, cardinality(n.refused) - 30):]
+    IF NOT v_fast THEN
+        -- The namespace's lock (inline: the common case, a namespace already written to).
+        SELECT n.refused, n.head INTO v_refused, v_head FROM replaysafe.langgraph_namespaces n
+        WHERE n.tenant_id = p_tenant_id AND n.thread_id = p_thread_id
+          AND n.checkpoint_ns = p_checkpoint_ns
+        FOR NO KEY UPDATE;
+        IF NOT FOUND THEN
+            v_refused := replaysafe._langgraph_namespace(p_tenant_id, p_thread_id,
+                                                         p_checkpoint_ns, true);
+            -- Locked now; another put may have created the row (and a head) meanwhile.
+            SELECT n.head INTO v_head FROM replaysafe.langgraph_namespaces n
             WHERE n.tenant_id = p_tenant_id AND n.thread_id = p_thread_id
               AND n.checkpoint_ns = p_checkpoint_ns;
-            r.stored := false;
-            r.head_checkpoint_id := v_head;
-            RETURN r;
+        END IF;
+
+        -- A run whose parent is not the head (or a first put): is it a fork?
+        IF p_metadata ->> 'source' IN ('input', 'loop')
+           AND p_parent_id IS DISTINCT FROM v_head THEN
+            v_head := replaysafe._langgraph_head(p_tenant_id, p_thread_id, p_checkpoint_ns,
+                                                 v_head);
+            -- Saving the head again (same id) is no fork.
+            IF v_head IS DISTINCT FROM p_checkpoint_id
+               AND ((p_parent_id IS NOT NULL AND v_head IS DISTINCT FROM p_parent_id)
+                    OR (p_parent_id IS NULL AND v_head IS NOT NULL
+                        AND (p_metadata -> 'step' = '-1'::jsonb
+                             OR (jsonb_typeof(p_checkpoint -> 'versions_seen') = 'object'
+                                 AND (p_checkpoint -> 'versions_seen') - '__input__'
+                                     <> '{}'::jsonb)))) THEN
+                DELETE FROM replaysafe.langgraph_writes w
+                WHERE w.tenant_id = p_tenant_id AND w.thread_id = p_thread_id
+                  AND w.checkpoint_ns = p_checkpoint_ns AND w.checkpoint_id = p_checkpoint_id;
+                -- The last 32 refusals are enough: a losing run stops at its next checkpoint.
+                UPDATE replaysafe.langgraph_namespaces n
+                SET refused = (n.refused || p_checkpoint_id)
+                              [greatest(1, cardinality(n.refused) - 30):]
+                WHERE n.tenant_id = p_tenant_id AND n.thread_id = p_thread_id
+                  AND n.checkpoint_ns = p_checkpoint_ns;
+                r.stored := false;
+                r.head_checkpoint_id := v_head;
+                RETURN r;
+            END IF;
         END IF;
     END IF;
 
@@ -2009,24 +2030,45 @@ BEGIN
         FROM unnest(p_channels, p_versions, p_types, p_blobs) AS v(channel, version, type, blob)
         ON CONFLICT DO NOTHING;
     END IF;
-    UPDATE replaysafe.langgraph_checkpoints c
-    SET checkpoint = p_checkpoint, metadata = p_metadata, run_id = p_metadata ->> 'run_id'
-    WHERE c.tenant_id = p_tenant_id AND c.thread_id = p_thread_id
-      AND c.checkpoint_ns = p_checkpoint_ns AND c.checkpoint_id = p_checkpoint_id;
-    v_found := FOUND;
-    IF NOT v_found THEN
-        -- A new checkpoint: the head (the namespace is locked: no concurrent insert).
+    IF v_fast THEN
         INSERT INTO replaysafe.langgraph_checkpoints (
             tenant_id, thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, run_id,
             checkpoint, metadata, created_at)
         VALUES (p_tenant_id, p_thread_id, p_checkpoint_ns, p_checkpoint_id, p_parent_id,
-                p_metadata ->> 'run_id', p_checkpoint, p_metadata, clock_timestamp());
-        UPDATE replaysafe.langgraph_namespaces n SET head = p_checkpoint_id
-        WHERE n.tenant_id = p_tenant_id AND n.thread_id = p_thread_id
-          AND n.checkpoint_ns = p_checkpoint_ns;
-        v_head := p_checkpoint_id;
-    ELSE
-        v_head := replaysafe._langgraph_head(p_tenant_id, p_thread_id, p_checkpoint_ns, v_head);
+                p_metadata ->> 'run_id', p_checkpoint, p_metadata, clock_timestamp())
+        ON CONFLICT DO NOTHING;
+        v_fast := FOUND;
+        IF v_fast THEN
+            v_head := p_checkpoint_id;
+        ELSE
+            -- Saved before: the head goes back, and the checkpoint is updated below.
+            UPDATE replaysafe.langgraph_namespaces n SET head = p_parent_id
+            WHERE n.tenant_id = p_tenant_id AND n.thread_id = p_thread_id
+              AND n.checkpoint_ns = p_checkpoint_ns;
+            v_head := p_parent_id;
+        END IF;
+    END IF;
+    IF NOT v_fast THEN
+        UPDATE replaysafe.langgraph_checkpoints c
+        SET checkpoint = p_checkpoint, metadata = p_metadata, run_id = p_metadata ->> 'run_id'
+        WHERE c.tenant_id = p_tenant_id AND c.thread_id = p_thread_id
+          AND c.checkpoint_ns = p_checkpoint_ns AND c.checkpoint_id = p_checkpoint_id;
+        v_found := FOUND;
+        IF NOT v_found THEN
+            -- A new checkpoint: the head (the namespace is locked: no concurrent insert).
+            INSERT INTO replaysafe.langgraph_checkpoints (
+                tenant_id, thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, run_id,
+                checkpoint, metadata, created_at)
+            VALUES (p_tenant_id, p_thread_id, p_checkpoint_ns, p_checkpoint_id, p_parent_id,
+                    p_metadata ->> 'run_id', p_checkpoint, p_metadata, clock_timestamp());
+            UPDATE replaysafe.langgraph_namespaces n SET head = p_checkpoint_id
+            WHERE n.tenant_id = p_tenant_id AND n.thread_id = p_thread_id
+              AND n.checkpoint_ns = p_checkpoint_ns;
+            v_head := p_checkpoint_id;
+        ELSE
+            v_head := replaysafe._langgraph_head(p_tenant_id, p_thread_id, p_checkpoint_ns,
+                                                 v_head);
+        END IF;
     END IF;
 
     -- With a history limit, the oldest checkpoints beyond it go (at most 4 per write, so the

@@ -76,3 +76,40 @@ def test_functions_refuse_bad_arguments_called_directly(dsn: str) -> None:
                 c.execute(call)  # type: ignore[arg-type]
             assert caught.value.sqlstate == "RS005", call
     assert rows(dsn) == 0
+
+
+BAD_CHANNELS = [
+    (["", "v1", "t"], "an empty channel"),
+    (["c", "v" * 513, "t"], "a version of 513 characters"),
+    (["c", "é" * 513, "t"], "a version of 1026 bytes"),
+    (["c", "v1", ""], "an empty type"),
+    (["c", "v1", "t" * 1025], "a type of 1025 bytes"),
+    ([None, "v1", "t"], "a NULL channel"),
+    (["c", None, "t"], "a NULL version"),
+    (["c", "v1", None], "a NULL type"),
+]
+
+
+@pytest.mark.parametrize("parent", ["first put", "parent is the head"])
+@pytest.mark.parametrize(("bad", "what"), BAD_CHANNELS, ids=[w for _, w in BAD_CHANNELS])
+def test_every_channel_version_and_type_is_checked(dsn: str, parent: str, bad: list[Any],
+                                                   what: str) -> None:
+    """The channel arrays are checked element by element before anything is written: on a
+    namespace's first put and on the common path (a parent that is the head)."""
+    call = ("SELECT stored FROM replaysafe.langgraph_put('t1', 't', '', %s, %s, '{}', '{}', "
+            "%s::text[], %s::text[], %s::text[], %s::bytea[])")
+    with psycopg.connect(dsn, autocommit=True) as c:
+        parent_id = None
+        if parent == "parent is the head":
+            parent_id = "c0"
+            c.execute(call, ("c0", None, ["ok"], ["1"], ["json"], [b"{}"]))
+        before = rows(dsn)
+        channel, version, type_ = bad
+        with pytest.raises(psycopg.DatabaseError,
+                           match="every channel, version and type") as caught:
+            c.execute(call, ("c1", parent_id, ["fine", channel], ["2", version],
+                             ["json", type_], [b"1", b"2"]))
+        assert caught.value.sqlstate == "RS005", what
+        head = c.execute("SELECT head FROM replaysafe.langgraph_namespaces").fetchall()
+    assert rows(dsn) == before
+    assert head == ([("c0",)] if parent_id else [])

@@ -107,3 +107,29 @@ def test_deleting_the_heads_run_makes_the_newest_remaining_checkpoint_the_head(
         row = owner.execute("SELECT head FROM replaysafe.langgraph_namespaces "
                             "WHERE tenant_id = 'A' AND thread_id = 'runs'").fetchone()
     assert row == (stored[0]["configurable"]["checkpoint_id"],)
+
+
+def test_saving_a_stored_checkpoint_again_from_the_head_leaves_the_head(dsn: str) -> None:
+    """A put whose parent is the head normally moves the head to it (revision 0009 does so in
+    the statement that locks the namespace); when that checkpoint was stored before, the
+    head stays where it was and the checkpoint's metadata is updated, as before 0009."""
+    with ReplaysafeSaver(dsn, tenant_id="A") as saver:
+        ids = chain(saver, "again", lag_last=False)
+        with psycopg.connect(dsn, autocommit=True) as owner:
+            # The head back on the first checkpoint (as no saver call leaves it, so the
+            # second one is stored already and its parent is the head).
+            owner.execute("UPDATE replaysafe.langgraph_namespaces SET head = %s "
+                          "WHERE tenant_id = 'A' AND thread_id = 'again'", (ids[0],))
+            cp = empty_checkpoint()
+            cp["id"] = ids[1]
+            cp["channel_values"] = {"v": "value 1"}
+            cp["channel_versions"] = {"v": "2"}
+            md: Any = {"source": "loop", "step": 0, "parents": {}, "again": True}
+            saver.put({"configurable": {"thread_id": "again", "checkpoint_ns": "",
+                                        "checkpoint_id": ids[0]}}, cp, md, {})
+            row = owner.execute(
+                "SELECT n.head, c.metadata ->> 'again' FROM replaysafe.langgraph_namespaces n "
+                "JOIN replaysafe.langgraph_checkpoints c USING (tenant_id, thread_id, "
+                "checkpoint_ns) WHERE n.tenant_id = 'A' AND n.thread_id = 'again' "
+                "AND c.checkpoint_id = %s", (ids[1],)).fetchone()
+    assert row == (ids[0], "true")

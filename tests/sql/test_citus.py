@@ -95,10 +95,10 @@ def test_the_script_refuses_a_revision_it_was_not_written_for(dsn: str, conn: Co
     guard = schema.citus_sql().split("-- guard: begin --")[1].split("-- guard: end --")[0]
     guard = guard.replace("(SELECT e.extversion FROM pg_catalog.pg_extension e WHERE e.extname = 'citus')",
                           "'12.1-1'")
-    conn.execute(guard)  # 0008: accepted
-    conn.execute("UPDATE replaysafe.alembic_version SET version_num = '0007'")
+    conn.execute(guard)  # 0009: accepted
+    conn.execute("UPDATE replaysafe.alembic_version SET version_num = '0008'")
     with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState,
-                       match="written for schema revision 0008 and this database is at 0007"):
+                       match="written for schema revision 0009 and this database is at 0008"):
         conn.execute(guard)
 
 
@@ -242,19 +242,19 @@ def test_a_distributed_installation_takes_no_revision_script(citus_db: str, conn
     up or down, is refused before it changes anything."""
     before = _snapshot(conn)
     with pytest.raises(CitusUnavailable, match=r"distributed with Citus.*downgrading revision "
-                       r"0008 is refused, nothing was changed"):
-        replaysafe_pg.downgrade(citus_db, "0007")
-    for name in ("0009_next.sql", "0008_again.sql"):
+                       r"0009 is refused, nothing was changed"):
+        replaysafe_pg.downgrade(citus_db, "0008")
+    for name in ("0010_next.sql", "0009_again.sql"):
         with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState,
                            match=f"upgrading to revision {name[:4]} is refused"):
             _run_revision(citus_db, tmp_path, name, NEXT_REVISION)
     # Undistributed by hand (Citus's catalog forgets the tables): the per-node lookups that
     # citus.sql installed are still there, and so is the refusal.
     conn.execute("DELETE FROM pg_catalog.pg_dist_partition")
-    with pytest.raises(CitusUnavailable, match="downgrading revision 0008 is refused"):
-        replaysafe_pg.downgrade(citus_db, "0007")
+    with pytest.raises(CitusUnavailable, match="downgrading revision 0009 is refused"):
+        replaysafe_pg.downgrade(citus_db, "0008")
     assert _snapshot(conn) == before
-    assert replaysafe_pg.current_revision(citus_db) == "0008"
+    assert replaysafe_pg.current_revision(citus_db) == "0009"
     replaysafe_pg.migrate(citus_db)  # at the head already: no script runs, nothing refused
 
 
@@ -262,21 +262,21 @@ def test_the_revision_guard_lets_an_undistributed_installation_through(
         dsn: str, conn: Conn, tmp_path: Path) -> None:
     for path in (Path(schema.__file__).parent / "migrations" / "versions").glob("*.sql"):
         assert "$citus_guard$" in schema.citus_migration_guard(path.name), path.name
-    conn.execute(schema.citus_migration_guard("0008_next.sql"))  # no Citus catalog at all
+    conn.execute(schema.citus_migration_guard("0010_next.sql"))  # no Citus catalog at all
     if _is_superuser(conn):
         install_standins(conn)  # Citus's catalog, with an application's table distributed
         conn.execute("CREATE TABLE public.app_orders (id int PRIMARY KEY)")
         conn.execute("INSERT INTO pg_catalog.pg_dist_partition "
                      "VALUES ('public.app_orders', 'h', 'id', 1, 's')")
-        conn.execute(schema.citus_migration_guard("0008_next.sql"))
+        conn.execute(schema.citus_migration_guard("0010_next.sql"))
         # One of ours distributed by hand, without citus.sql: refused as well.
         conn.execute("INSERT INTO pg_catalog.pg_dist_partition "
                      "VALUES ('replaysafe.actions', 'h', 'tenant_id', 2, 's')")
-        with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="0008 is refused"):
-            conn.execute(schema.citus_migration_guard("0008_next.sql"))
+        with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="0010 is refused"):
+            conn.execute(schema.citus_migration_guard("0010_next.sql"))
         conn.execute("DELETE FROM pg_catalog.pg_dist_partition "
                      "WHERE logicalrelid = 'replaysafe.actions'::regclass")
-    _run_revision(dsn, tmp_path, "0008_next.sql", NEXT_REVISION)
+    _run_revision(dsn, tmp_path, "0010_next.sql", NEXT_REVISION)
     assert conn.execute("SELECT to_regclass('replaysafe.next_rows') IS NOT NULL").fetchone() == (True,)
     replaysafe_pg.downgrade(dsn, "0006")  # an undistributed installation downgrades as before
     assert replaysafe_pg.current_revision(dsn) == "0006"
