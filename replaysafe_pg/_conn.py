@@ -119,13 +119,46 @@ def execute_on(conn: psycopg.Connection[Any], query: LiteralString,
     if alone:
         refuse_open_transaction(conn)
     with wrap_errors():
-        cur = conn.cursor(row_factory=tuple_row)
-        if conn.autocommit or conn.info.transaction_status != TransactionStatus.IDLE:
-            cur.execute(query, params, binary=binary)
-            return cur.fetchall() if _has_rows(cur) else []
-        with conn.transaction():
-            cur.execute(query, params, binary=binary)
-            return cur.fetchall() if _has_rows(cur) else []
+        cur = _cursor(conn, query)
+        try:
+            if conn.autocommit or conn.info.transaction_status != TransactionStatus.IDLE:
+                cur.execute(query, params, binary=binary)
+                return cur.fetchall() if _has_rows(cur) else []
+            with conn.transaction():
+                cur.execute(query, params, binary=binary)
+                return cur.fetchall() if _has_rows(cur) else []
+        finally:
+            _release_result(cur)
+
+
+# Our statements' cursors, one per connection and statement, kept on the connection (a
+# cursor holds its connection: a weak mapping from connection to cursor would keep both
+# alive). psycopg keeps a cursor's adaptation state while the same query object runs on it
+# again: the dumpers it chose for the parameters (list parameters are inspected element by
+# element to choose one), the loaders of the result. A new cursor per call looks all of them
+# up again: ~40 us of client CPU per langgraph_put (12 parameters), docs/performance.md.
+_CURSORS = "_replaysafe_cursors"
+
+
+def _cursor(conn: Any, query: LiteralString) -> Any:
+    """The cursor of ``query`` on ``conn`` (``conn`` is used by one statement at a time:
+    each Source holds a lock or the pool's lease around it)."""
+    cursors: dict[str, Any] | None = getattr(conn, _CURSORS, None)
+    if cursors is None:
+        cursors = {}
+        setattr(conn, _CURSORS, cursors)
+    cur = cursors.get(query)
+    if cur is None or cur.closed:
+        cur = cursors[query] = conn.cursor(row_factory=tuple_row)
+    return cur
+
+
+def _release_result(cur: Any) -> None:
+    """Let go of the result the cursor holds (a checkpoint's values can be megabytes) while
+    keeping its adaptation state; psycopg has no public call for it."""
+    reset = getattr(cur, "_reset", None)
+    if reset is not None:
+        reset()
 
 
 def _has_rows(cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> bool:
@@ -142,13 +175,16 @@ async def aexecute_on(conn: psycopg.AsyncConnection[Any], query: LiteralString,
     if alone:
         refuse_open_transaction(conn)
     with wrap_errors():
-        cur = conn.cursor(row_factory=tuple_row)
-        if conn.autocommit or conn.info.transaction_status != TransactionStatus.IDLE:
-            await cur.execute(query, params, binary=binary)
-            return await cur.fetchall() if _has_rows(cur) else []
-        async with conn.transaction():
-            await cur.execute(query, params, binary=binary)
-            return await cur.fetchall() if _has_rows(cur) else []
+        cur = _cursor(conn, query)
+        try:
+            if conn.autocommit or conn.info.transaction_status != TransactionStatus.IDLE:
+                await cur.execute(query, params, binary=binary)
+                return await cur.fetchall() if _has_rows(cur) else []
+            async with conn.transaction():
+                await cur.execute(query, params, binary=binary)
+                return await cur.fetchall() if _has_rows(cur) else []
+        finally:
+            _release_result(cur)
 
 
 class SyncSource:
@@ -344,12 +380,16 @@ class AsyncSource:
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:  # for the statement too: see SyncSource.connection
-            own = self._own
-            if own is None or not _usable(own):
-                if own is not None:
-                    await own.close()
-                own = self._own = await self.connect()
-            yield own
+            yield await self._usable_own()
+
+    async def _usable_own(self) -> psycopg.AsyncConnection[Any]:
+        """See :meth:`SyncSource._usable_own`; the caller holds ``self._lock``."""
+        own = self._own
+        if own is None or not _usable(own):
+            if own is not None:
+                await own.close()
+            own = self._own = await self.connect()
+        return own
 
     async def execute(self, query: LiteralString, params: dict[str, Any], *,
                       alone: bool = False, binary: bool = False) -> list[tuple[Any, ...]]:
@@ -359,6 +399,13 @@ class AsyncSource:
                 self._given_lock = asyncio.Lock()
             async with self._given_lock:
                 return await aexecute_on(self._given, query, params, alone=alone, binary=binary)
+        if self._pool is None:  # as SyncSource.execute: the common case without connection()
+            if self._lock is None:
+                self._lock = asyncio.Lock()
+            with wrap_errors():
+                async with self._lock:
+                    return await aexecute_on(await self._usable_own(), query, params,
+                                             alone=alone, binary=binary)
         with wrap_errors():
             async with self.connection() as conn:
                 return await aexecute_on(conn, query, params, alone=alone, binary=binary)

@@ -126,3 +126,43 @@ def test_a_waiting_call_does_not_stall_a_sibling_heartbeat(dsn: str) -> None:
     assert swept == [0]  # nothing expired: "mine" was kept alive by its heartbeats
     assert (mine.status, mine.lease_lost, mine.replay) == ("succeeded", False, False)
     assert busy.status == "running"
+
+
+def _cursors(conn: Any) -> dict[str, Any]:
+    cursors: dict[str, Any] = conn._replaysafe_cursors
+    return cursors
+
+
+def test_a_statement_keeps_its_cursor_and_lets_go_of_its_result(dsn: str) -> None:
+    """Each statement runs on a cursor of its own, kept on the connection: psycopg keeps the
+    cursor's adaptation state (its transformer) while the same query runs on it again. The
+    cursor lets go of the result once the rows are read (a checkpoint may be megabytes)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        led = Ledger(conn, tenant_id="t1")
+        led.claim("k1", "op", {"a": 1})
+        cursors = dict(_cursors(conn))
+        transformers = {query: cur._tx for query, cur in cursors.items()}
+        led.claim("k2", "op", {"a": 2})
+        led.complete("k2", 1, {"ok": True})
+        assert len(_cursors(conn)) == len(cursors) + 1  # complete's own cursor
+        for query, cur in cursors.items():
+            assert _cursors(conn)[query] is cur and cur._tx is transformers[query]
+        assert all(cur.pgresult is None for cur in _cursors(conn).values())
+        assert led.claim("k2", "op", {"a": 2}).outcome == "replay"
+        # A closed cursor is replaced, not reused.
+        for cur in _cursors(conn).values():
+            cur.close()
+        assert led.claim("k2", "op", {"a": 2}).outcome == "replay"
+
+
+def test_async_statements_keep_their_cursors(dsn: str) -> None:
+    async def body() -> None:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            led = AsyncLedger(conn, tenant_id="t1")
+            await led.claim("k1", "op", {})
+            (cur,) = _cursors(conn).values()
+            tx = cur._tx
+            assert (await led.claim("k2", "op", {})).outcome == "claimed"
+            assert list(_cursors(conn).values()) == [cur] and cur._tx is tx
+            assert cur.pgresult is None
+    asyncio.run(body())
