@@ -1945,7 +1945,11 @@ BEGIN
     -- Channels and versions are bounded like ids (they are keys of langgraph_blobs); a blob
     -- is NULL only for a channel emptied at this version.
     -- Loops of simple expressions rather than a query over the arrays (a few channels).
-    FOREACH v_text IN ARRAY p_channels || p_versions LOOP
+    FOREACH v_text IN ARRAY p_channels LOOP
+        v_bad := v_bad OR (octet_length(v_text) BETWEEN 1 AND 1024
+                           AND length(v_text) <= 512) IS NOT TRUE;
+    END LOOP;
+    FOREACH v_text IN ARRAY p_versions LOOP
         v_bad := v_bad OR (octet_length(v_text) BETWEEN 1 AND 1024
                            AND length(v_text) <= 512) IS NOT TRUE;
     END LOOP;
@@ -2381,6 +2385,19 @@ BEGIN
     END IF;
     PERFORM replaysafe._acts_for(p_tenant_id);
 
+    -- The runs' namespaces locked first (waiting, in one order, as prune and delete_thread):
+    -- a put or put_writes in flight there commits before its checkpoint, its pending writes
+    -- and its values are looked at, so no head is left on a deleted checkpoint and no
+    -- pending write of one survives (revision 0009's security review; 0006-0008 skipped a
+    -- namespace that was busy).
+    PERFORM 1 FROM replaysafe.langgraph_namespaces n
+    WHERE n.tenant_id = p_tenant_id
+      AND (n.thread_id, n.checkpoint_ns) IN (
+          SELECT c.thread_id, c.checkpoint_ns FROM replaysafe.langgraph_checkpoints c
+          WHERE c.tenant_id = p_tenant_id AND c.run_id = ANY (p_run_ids))
+    ORDER BY n.thread_id, n.checkpoint_ns
+    FOR NO KEY UPDATE;
+
     WITH d AS (
         DELETE FROM replaysafe.langgraph_checkpoints c
         WHERE c.tenant_id = p_tenant_id AND c.run_id = ANY (p_run_ids)
@@ -2398,7 +2415,7 @@ BEGIN
         SELECT n.head INTO v_head FROM replaysafe.langgraph_namespaces n
         WHERE n.tenant_id = p_tenant_id AND n.thread_id = v_threads[i]
           AND n.checkpoint_ns = v_spaces[i]
-        FOR NO KEY UPDATE SKIP LOCKED;
+        FOR NO KEY UPDATE;
         CONTINUE WHEN NOT FOUND;
         UPDATE replaysafe.langgraph_namespaces n
         SET head = replaysafe._langgraph_head(p_tenant_id, v_threads[i], v_spaces[i], v_head)

@@ -818,8 +818,9 @@ def test_a_workers_index_expression_in_tenant_bs_analyze_reaches_no_checkpoint(
 
 
 # =============================================================================================
-# FINDING 8 (low; fixed: values collected only where the namespace lock is free).
-# Delete_for_runs collected values without the namespace lock. A put in flight
+# FINDING 8 (low; fixed: values collected only under the namespace lock — taken when free
+# at first, waited for since revision 0009). Delete_for_runs collected values without the
+# namespace lock. A put in flight
 # whose checkpoint keeps a channel at a version stored by an earlier checkpoint (LangGraph
 # sends only new versions) is not yet visible to the collection, which deletes that value:
 # once the put commits, its checkpoint has lost the channel (get_tuple silently omits it).
@@ -836,15 +837,27 @@ def test_delete_for_runs_never_drops_a_value_a_put_in_flight_uses(world: str) ->
     third = empty_checkpoint()
     third["channel_versions"] = dict(first["channel_versions"])  # unchanged channel
     body = json.dumps({k: v for k, v in third.items() if k != "channel_values"})
-    with psycopg.connect(world) as writer:  # run r3's put, in flight
+    with psycopg.connect(world) as writer, \
+            psycopg.connect(world, autocommit=True) as other, \
+            psycopg.connect(world, autocommit=True) as probe:  # run r3's put, in flight
         writer.execute(PUT, put_params(thread="runs", id=third["id"],
                                        parent=c1["configurable"]["checkpoint_id"], cp=body,
                                        md=json.dumps({"source": "loop", "step": 0,
                                                       "run_id": "r3"})))
-        with psycopg.connect(world, autocommit=True) as other:  # rolls back run r1
-            other.execute("SELECT replaysafe.langgraph_delete_for_runs(p_tenant_id => 'A', "
-                          "p_run_ids => ARRAY['r1'])")
+        # Run r1 rolled back meanwhile: delete_for_runs waits for the put (revision 0009).
+        rollback = threading.Thread(target=lambda: other.execute(
+            "SELECT replaysafe.langgraph_delete_for_runs(p_tenant_id => 'A', "
+            "p_run_ids => ARRAY['r1'])"))
+        rollback.start()
+        deadline = time.monotonic() + 30
+        while probe.execute("SELECT %s = ANY (pg_blocking_pids(%s))",
+                            (writer.info.backend_pid, other.info.backend_pid)
+                            ).fetchone() != (True,):
+            assert rollback.is_alive() and time.monotonic() < deadline
+            time.sleep(0.01)
         writer.commit()
+        rollback.join(30)
+        assert not rollback.is_alive()
     with ReplaysafeSaver(world, tenant_id="A") as saver:
         found = saver.get_tuple(config)
     assert found is not None and found.checkpoint["id"] == third["id"]

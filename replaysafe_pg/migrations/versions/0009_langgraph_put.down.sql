@@ -1,4 +1,4 @@
--- Downgrade of 0009: 0008's definition of langgraph_put.
+-- Downgrade of 0009: 0008's definitions of langgraph_put and langgraph_delete_for_runs.
 
 SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
 
@@ -180,5 +180,52 @@ BEGIN
     r.stored := true;
     r.head_checkpoint_id := v_head;
     RETURN r;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION replaysafe.langgraph_delete_for_runs(p_tenant_id text, p_run_ids text[])
+RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_count   integer;
+    v_threads text[];
+    v_spaces  text[];
+    v_head    text;
+BEGIN
+    PERFORM replaysafe._check_id('p_tenant_id', p_tenant_id);
+    IF p_run_ids IS NULL OR array_position(p_run_ids, NULL) IS NOT NULL THEN
+        PERFORM replaysafe._invalid('p_run_ids', 'must be an array of run ids');
+    END IF;
+    PERFORM replaysafe._acts_for(p_tenant_id);
+
+    WITH d AS (
+        DELETE FROM replaysafe.langgraph_checkpoints c
+        WHERE c.tenant_id = p_tenant_id AND c.run_id = ANY (p_run_ids)
+        RETURNING c.thread_id, c.checkpoint_ns, c.checkpoint_id),
+    w AS (
+        DELETE FROM replaysafe.langgraph_writes x
+        USING d
+        WHERE x.tenant_id = p_tenant_id AND x.thread_id = d.thread_id
+          AND x.checkpoint_ns = d.checkpoint_ns AND x.checkpoint_id = d.checkpoint_id)
+    SELECT (SELECT count(*) FROM d), s.threads, s.spaces
+    INTO v_count, v_threads, v_spaces
+    FROM (SELECT array_agg(p.thread_id) AS threads, array_agg(p.checkpoint_ns) AS spaces
+          FROM (SELECT DISTINCT d.thread_id, d.checkpoint_ns FROM d) p) s;
+    FOR i IN 1..coalesce(cardinality(v_threads), 0) LOOP
+        SELECT n.head INTO v_head FROM replaysafe.langgraph_namespaces n
+        WHERE n.tenant_id = p_tenant_id AND n.thread_id = v_threads[i]
+          AND n.checkpoint_ns = v_spaces[i]
+        FOR NO KEY UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND;
+        UPDATE replaysafe.langgraph_namespaces n
+        SET head = replaysafe._langgraph_head(p_tenant_id, v_threads[i], v_spaces[i], v_head)
+        WHERE n.tenant_id = p_tenant_id AND n.thread_id = v_threads[i]
+          AND n.checkpoint_ns = v_spaces[i];
+        PERFORM replaysafe._langgraph_collect_blobs(p_tenant_id, v_threads[i], v_spaces[i]);
+    END LOOP;
+    RETURN v_count;
 END
 $$;

@@ -3,8 +3,11 @@
 -- the namespace's lock, and inserts its checkpoint with ON CONFLICT DO NOTHING: three
 -- statements fewer than 0008 (the SELECT ... FOR NO KEY UPDATE, the UPDATE of a checkpoint
 -- that is not there yet, the query over the channel arrays, now loops of expressions).
--- Any other put takes 0008's path unchanged. Same answers and errors; interfaces, tables
--- and grants unchanged (docs/performance.md#langgraph_put-revision-0009).
+-- Any other put takes 0008's path unchanged. langgraph_delete_for_runs waits for the runs'
+-- namespaces instead of skipping a busy one (the security review of this revision: a put or
+-- put_writes in flight left the head on a deleted checkpoint, a run-loop put could go on from
+-- it, and a pending write of it survived). Same answers and errors otherwise; interfaces,
+-- tables and grants unchanged (docs/performance.md#revision-0009-and-the-drivers-cursors).
 
 SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
 
@@ -70,7 +73,11 @@ BEGIN
     -- Channels and versions are bounded like ids (they are keys of langgraph_blobs); a blob
     -- is NULL only for a channel emptied at this version.
     -- Loops of simple expressions rather than a query over the arrays (a few channels).
-    FOREACH v_text IN ARRAY p_channels || p_versions LOOP
+    FOREACH v_text IN ARRAY p_channels LOOP
+        v_bad := v_bad OR (octet_length(v_text) BETWEEN 1 AND 1024
+                           AND length(v_text) <= 512) IS NOT TRUE;
+    END LOOP;
+    FOREACH v_text IN ARRAY p_versions LOOP
         v_bad := v_bad OR (octet_length(v_text) BETWEEN 1 AND 1024
                            AND length(v_text) <= 512) IS NOT TRUE;
     END LOOP;
@@ -228,5 +235,65 @@ BEGIN
     r.stored := true;
     r.head_checkpoint_id := v_head;
     RETURN r;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION replaysafe.langgraph_delete_for_runs(p_tenant_id text, p_run_ids text[])
+RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_count   integer;
+    v_threads text[];
+    v_spaces  text[];
+    v_head    text;
+BEGIN
+    PERFORM replaysafe._check_id('p_tenant_id', p_tenant_id);
+    IF p_run_ids IS NULL OR array_position(p_run_ids, NULL) IS NOT NULL THEN
+        PERFORM replaysafe._invalid('p_run_ids', 'must be an array of run ids');
+    END IF;
+    PERFORM replaysafe._acts_for(p_tenant_id);
+
+    -- The runs' namespaces locked first (waiting, in one order, as prune and delete_thread):
+    -- a put or put_writes in flight there commits before its checkpoint, its pending writes
+    -- and its values are looked at, so no head is left on a deleted checkpoint and no
+    -- pending write of one survives (revision 0009's security review; 0006-0008 skipped a
+    -- namespace that was busy).
+    PERFORM 1 FROM replaysafe.langgraph_namespaces n
+    WHERE n.tenant_id = p_tenant_id
+      AND (n.thread_id, n.checkpoint_ns) IN (
+          SELECT c.thread_id, c.checkpoint_ns FROM replaysafe.langgraph_checkpoints c
+          WHERE c.tenant_id = p_tenant_id AND c.run_id = ANY (p_run_ids))
+    ORDER BY n.thread_id, n.checkpoint_ns
+    FOR NO KEY UPDATE;
+
+    WITH d AS (
+        DELETE FROM replaysafe.langgraph_checkpoints c
+        WHERE c.tenant_id = p_tenant_id AND c.run_id = ANY (p_run_ids)
+        RETURNING c.thread_id, c.checkpoint_ns, c.checkpoint_id),
+    w AS (
+        DELETE FROM replaysafe.langgraph_writes x
+        USING d
+        WHERE x.tenant_id = p_tenant_id AND x.thread_id = d.thread_id
+          AND x.checkpoint_ns = d.checkpoint_ns AND x.checkpoint_id = d.checkpoint_id)
+    SELECT (SELECT count(*) FROM d), s.threads, s.spaces
+    INTO v_count, v_threads, v_spaces
+    FROM (SELECT array_agg(p.thread_id) AS threads, array_agg(p.checkpoint_ns) AS spaces
+          FROM (SELECT DISTINCT d.thread_id, d.checkpoint_ns FROM d) p) s;
+    FOR i IN 1..coalesce(cardinality(v_threads), 0) LOOP
+        SELECT n.head INTO v_head FROM replaysafe.langgraph_namespaces n
+        WHERE n.tenant_id = p_tenant_id AND n.thread_id = v_threads[i]
+          AND n.checkpoint_ns = v_spaces[i]
+        FOR NO KEY UPDATE;
+        CONTINUE WHEN NOT FOUND;
+        UPDATE replaysafe.langgraph_namespaces n
+        SET head = replaysafe._langgraph_head(p_tenant_id, v_threads[i], v_spaces[i], v_head)
+        WHERE n.tenant_id = p_tenant_id AND n.thread_id = v_threads[i]
+          AND n.checkpoint_ns = v_spaces[i];
+        PERFORM replaysafe._langgraph_collect_blobs(p_tenant_id, v_threads[i], v_spaces[i]);
+    END LOOP;
+    RETURN v_count;
 END
 $$;

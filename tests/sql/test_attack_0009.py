@@ -1,0 +1,433 @@
+"""Security review of revision 0009 (langgraph_put's fast path: a put whose parent is the head
+moves the head in the UPDATE that locks the namespace, inserts its checkpoint ON CONFLICT DO
+NOTHING and falls back to 0008's path when the checkpoint was stored before; the channel
+arrays checked by FOREACH loops), tried as an attacker holding a worker login bound to tenant
+A. Two findings, fixed in 0009 before release (their sections below); the rest are attacks
+that failed, kept as regression tests.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+from helpers.db import bind, connect_as, sqlstate
+
+import replaysafe_pg
+
+Conn = psycopg.Connection[Any]
+MakeRole = Callable[..., str]
+
+PUT = ("SELECT stored, head_checkpoint_id FROM replaysafe.langgraph_put("
+       "p_tenant_id => %(tenant)s, p_thread_id => %(thread)s, p_checkpoint_ns => %(ns)s, "
+       "p_checkpoint_id => %(id)s, p_parent_id => %(parent)s::text, "
+       "p_checkpoint => %(cp)s::jsonb, p_metadata => %(md)s::jsonb, "
+       "p_channels => %(channels)s::text[], p_versions => %(versions)s::text[], "
+       "p_types => %(types)s::text[], p_blobs => %(blobs)s::bytea[], "
+       "p_history_limit => %(limit)s::integer)")
+PUT_WRITES = ("SELECT replaysafe.langgraph_put_writes(p_tenant_id => %(tenant)s, "
+              "p_thread_id => %(thread)s, p_checkpoint_ns => '', p_checkpoint_id => %(id)s, "
+              "p_task_id => 'task', p_task_path => '', p_idx => '{0}', p_channels => '{w}', "
+              "p_types => '{json}', p_blobs => ARRAY['\\x01'::bytea])")
+
+LOOP = json.dumps({"source": "loop", "step": 1})
+UPDATE = json.dumps({"source": "update", "step": 1})
+
+
+def params(id_: str, parent: str | None, *, tenant: str = "A", thread: str = "t",
+           md: str = LOOP, **over: Any) -> dict[str, Any]:
+    p: dict[str, Any] = {
+        "tenant": tenant, "thread": thread, "ns": "", "id": id_, "parent": parent,
+        "cp": json.dumps({"id": id_, "channel_versions": {"c": id_}}), "md": md,
+        "channels": ["c"], "versions": [id_], "types": ["json"], "blobs": [id_.encode()],
+        "limit": None}
+    p.update(over)
+    return p
+
+
+def owner_one(dsn: str, query: str, args: Any = None) -> Any:
+    with psycopg.connect(dsn) as c:
+        row = c.execute(query.encode(), args).fetchone()
+    return row
+
+
+def state(dsn: str, tenant: str = "A", thread: str = "t") -> dict[str, Any]:
+    """Everything of one thread, read as the owner."""
+    with psycopg.connect(dsn) as c:
+        head = c.execute("SELECT head, refused FROM replaysafe.langgraph_namespaces "
+                         "WHERE tenant_id = %s AND thread_id = %s AND checkpoint_ns = ''",
+                         (tenant, thread)).fetchone()
+        cps = c.execute("SELECT checkpoint_id, parent_checkpoint_id, metadata ->> 'source' "
+                        "FROM replaysafe.langgraph_checkpoints "
+                        "WHERE tenant_id = %s AND thread_id = %s ORDER BY 1",
+                        (tenant, thread)).fetchall()
+        blobs = c.execute("SELECT version FROM replaysafe.langgraph_blobs "
+                          "WHERE tenant_id = %s AND thread_id = %s ORDER BY 1",
+                          (tenant, thread)).fetchall()
+        writes = c.execute("SELECT checkpoint_id FROM replaysafe.langgraph_writes "
+                           "WHERE tenant_id = %s AND thread_id = %s ORDER BY 1",
+                           (tenant, thread)).fetchall()
+    return {"head": head[0] if head else None, "refused": head[1] if head else None,
+            "checkpoints": cps, "blobs": [b[0] for b in blobs],
+            "writes": [w[0] for w in writes]}
+
+
+def assert_head_is_stored(dsn: str) -> None:
+    """The namespace invariant: every head names a stored checkpoint of its namespace."""
+    dangling = owner_one(dsn, """
+        SELECT count(*) FROM replaysafe.langgraph_namespaces n
+        WHERE n.head IS NOT NULL AND NOT EXISTS (
+            SELECT 1 FROM replaysafe.langgraph_checkpoints c
+            WHERE (c.tenant_id, c.thread_id, c.checkpoint_ns, c.checkpoint_id)
+                = (n.tenant_id, n.thread_id, n.checkpoint_ns, n.head))""")
+    assert dangling == (0,)
+
+
+def loop_children(dsn: str, parent: str, tenant: str = "A", thread: str = "t") -> list[str]:
+    with psycopg.connect(dsn) as c:
+        return [r[0] for r in c.execute(
+            "SELECT checkpoint_id FROM replaysafe.langgraph_checkpoints WHERE tenant_id = %s "
+            "AND thread_id = %s AND parent_checkpoint_id = %s "
+            "AND metadata ->> 'source' IN ('input', 'loop') ORDER BY 1",
+            (tenant, thread, parent)).fetchall()]
+
+
+@pytest.fixture
+def revision(dsn: str) -> str:
+    revision = replaysafe_pg.current_revision(dsn)
+    assert revision is not None
+    return revision
+
+
+@pytest.fixture
+def world(dsn: str, revision: str) -> str:
+    """Tenant A's thread t: p0 <- p1 (the head), stored by the owner; tenant B's thread t:
+    b0 <- b1 (the head)."""
+    with psycopg.connect(dsn, autocommit=True) as owner:
+        for tenant, ids in (("A", ("p0", "p1")), ("B", ("b0", "b1"))):
+            owner.execute(PUT, params(ids[0], None, tenant=tenant, md=json.dumps(
+                {"source": "input", "step": -1})))
+            owner.execute(PUT, params(ids[1], ids[0], tenant=tenant))
+    return dsn
+
+
+@pytest.fixture
+def worker(world: str, make_role: MakeRole) -> str:
+    """A LOGIN role in replaysafe_worker bound to tenant A."""
+    role = make_role("replaysafe_worker")
+    bind(world, role, "A")
+    return role
+
+
+# =============================================================================================
+# FINDING 1 (low; fixed before release): the first version of 0009 looped over
+# ``p_channels || p_versions``, and array_cat refuses multi-dimensional arrays of equal
+# cardinality but other shapes with a raw 2202E ("cannot concatenate incompatible arrays").
+# 0008 checked the elements through unnest (which flattens any shape) and stored such a put.
+# Now each array is looped over on its own: 0008's answer, never a raw error.
+# =============================================================================================
+
+SHAPES = {
+    "1x2 channels, 2x1 versions": ("{{a,b}}", "{{1},{2}}"),
+    "4 channels, 2x2 versions": ("{a,b,c,d}", "{{1,2},{3,4}}"),
+    "2x2 channels, 4 versions with lower bound 0": ("{{a,b},{c,d}}", "[0:3]={1,2,3,4}"),
+}
+
+
+@pytest.mark.parametrize("path", ["first put", "parent is the head"])
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_multi_dimensional_channel_arrays_get_an_answer_not_a_raw_error(
+        world: str, worker: str, revision: str, shape: str, path: str) -> None:
+    channels, versions = SHAPES[shape]
+    n = 4 if "4" in shape else 2
+    thread = "arr" if path == "first put" else "t"
+    parent = None if path == "first put" else "p1"
+    p = params("x1", parent, thread=thread, md=UPDATE, channels=channels, versions=versions,
+               types=["json"] * n, blobs=[b"v"] * n)
+    before = state(world, thread=thread)
+    with connect_as(world, worker) as w:
+        got = sqlstate(w, PUT, p)
+    if got is not None:
+        assert state(world, thread=thread) == before  # nothing half-written either way
+    assert got in (None, "RS005"), f"{revision}: raw SQLSTATE {got} for {shape}"
+
+
+# =============================================================================================
+# FINDING 2 (low; in 0006-0008, fixed in 0009): delete_for_runs re-pointed a namespace's head
+# only where it got the lock at once (FOR NO KEY UPDATE SKIP LOCKED). With a put_writes in
+# flight holding the namespace (FOR SHARE) while the head's run was deleted:
+#   - the head stayed on the deleted checkpoint d1 (get_tuple said d0, the greatest id left);
+#   - the in-flight pending write of d1 survived: a pending write of a checkpoint not stored;
+#   - a run-loop put whose parent was d1 (the deleted run going on) matched ``head = parent``
+#     and was stored, although readers were given d0 as the head.
+# Now delete_for_runs locks the runs' namespaces first and waits for them.
+# =============================================================================================
+
+def stale_head_after_delete_for_runs(dsn: str, role: str) -> None:
+    """The head's run deleted while a put_writes of the head is in flight: delete_for_runs
+    waits for it (seen blocked by pg_blocking_pids), then deletes what it committed too."""
+    from psycopg import conninfo
+
+    with connect_as(dsn, role) as w:
+        w.execute(PUT, params("d0", None, thread="dr", md=json.dumps(
+            {"source": "input", "step": -1, "run_id": "r0"})))
+        w.execute(PUT, params("d1", "d0", thread="dr", md=json.dumps(
+            {"source": "loop", "step": 0, "run_id": "r1"})))
+    deleted: list[Any] = []
+    with psycopg.connect(conninfo.make_conninfo(dsn, user=role)) as inflight, \
+            connect_as(dsn, role) as other, psycopg.connect(dsn, autocommit=True) as probe:
+        inflight.execute(PUT_WRITES, {"tenant": "A", "thread": "dr", "id": "d1"})
+        inflight_pid = inflight.info.backend_pid
+
+        def delete() -> None:
+            deleted.append(other.execute("SELECT replaysafe.langgraph_delete_for_runs("
+                                         "p_tenant_id => 'A', p_run_ids => ARRAY['r1'])"
+                                         ).fetchone())
+
+        thread = threading.Thread(target=delete)
+        thread.start()
+        deadline = time.monotonic() + 30
+        while probe.execute("SELECT %s = ANY (pg_blocking_pids(%s))",
+                            (inflight_pid, other.info.backend_pid)).fetchone() != (True,):
+            assert thread.is_alive() and time.monotonic() < deadline, \
+                "delete_for_runs did not wait for the put_writes in flight"
+            time.sleep(0.01)
+        inflight.commit()
+        thread.join(30)
+    assert deleted == [(1,)]
+
+
+def test_a_deleted_heads_run_cannot_continue_from_it(world: str, worker: str) -> None:
+    stale_head_after_delete_for_runs(world, worker)
+    with connect_as(world, worker) as w:
+        head = w.execute("SELECT checkpoint_id FROM replaysafe.langgraph_get_tuple("
+                         "p_tenant_id => 'A', p_thread_id => 'dr')").fetchone()
+        assert head == ("d0",)
+        got = w.execute(PUT, params("d2", "d1", thread="dr", md=json.dumps(
+            {"source": "loop", "step": 1, "run_id": "r1"}))).fetchone()
+    assert got == (False, "d0"), f"a run-loop put from the deleted head d1 was stored: {got}"
+
+
+def test_delete_for_runs_leaves_no_pending_write_of_a_deleted_checkpoint(world: str,
+                                                                       worker: str) -> None:
+    stale_head_after_delete_for_runs(world, worker)
+    s = state(world, thread="dr")
+    assert [c[0] for c in s["checkpoints"]] == ["d0"]
+    assert s["writes"] == [], f"pending writes of deleted checkpoints: {s['writes']}"
+    assert s["head"] in ("d0", None), f"head left on a deleted checkpoint: {s['head']}"
+
+
+# =============================================================================================
+# Attacks that failed.
+# =============================================================================================
+
+@pytest.mark.parametrize("tenant", ["B", "b", "B ", " B", "B\u200b"])
+def test_the_fast_path_never_moves_another_tenants_head(world: str, worker: str,
+                                                        tenant: str) -> None:
+    """Tenant B's head is b1: a put naming it as parent would take the fast path (the
+    UPDATE that moves the head) were the tenant check not before it."""
+    before = state(world, tenant="B")
+    with connect_as(world, worker) as w:
+        for p in (params("evil", "b1", tenant=tenant),
+                  params("b0", "b1", tenant=tenant),  # the fallback path (stored id)
+                  params("evil", "b1", tenant=tenant, md=UPDATE, limit=1)):
+            assert sqlstate(w, PUT, p) in ("RS004", "RS005")
+            # A COLLATE clause on any argument, the tenant's included.
+            q = PUT.replace("p_parent_id => %(parent)s::text",
+                            "p_parent_id => %(parent)s::text COLLATE \"C\"")
+            assert sqlstate(w, q, p) == "RS005"
+        w.execute("SET ROLE replaysafe_worker")
+        assert sqlstate(w, PUT, params("evil", "b1", tenant="B")) == "RS004"
+    assert state(world, tenant="B") == before
+
+
+def test_tenant_bs_head_named_as_parent_from_tenant_a_moves_nothing_of_b(world: str,
+                                                                        worker: str) -> None:
+    """Tenant A's own thread "t" (same name as B's) with B's head b1 as the parent: only
+    A's namespace row may be the fast path's UPDATE target (and its head is p1, not b1)."""
+    before = state(world, tenant="B")
+    with connect_as(world, worker) as w:
+        assert w.execute(PUT, params("evil", "b1")).fetchone() == (False, "p1")
+        assert w.execute(PUT, params("b0", "b1")).fetchone() == (False, "p1")
+        assert w.execute(PUT, params("evil2", "b1", md=UPDATE)).fetchone() == (True, "evil2")
+    assert state(world, tenant="B") == before
+    assert loop_children(world, "b1", tenant="A") == []
+    assert_head_is_stored(world)
+
+
+def test_a_stale_parent_is_refused_and_writes_nothing(world: str, worker: str) -> None:
+    with connect_as(world, worker) as w:
+        # The refused checkpoint's pending writes, sent before its put (durability="async").
+        assert w.execute(PUT_WRITES, {"tenant": "A", "thread": "t", "id": "c2"}).fetchone() == (1,)
+        before = state(world)
+        assert before["writes"] == ["c2"]
+        assert w.execute(PUT, params("c2", "p0")).fetchone() == (False, "p1")
+        # ... and after it: dropped.
+        assert w.execute(PUT_WRITES, {"tenant": "A", "thread": "t", "id": "c2"}).fetchone() == (0,)
+        # The stale parent again, on the fallback's ground (an id already stored).
+        assert w.execute(PUT, params("p0", "p0")).fetchone() == (False, "p1")
+    after = state(world)
+    assert after["head"] == "p1" and after["checkpoints"] == before["checkpoints"]
+    assert after["blobs"] == before["blobs"] and after["writes"] == []
+    assert after["refused"] == ["c2", "p0"]
+    assert_head_is_stored(world)
+
+
+def test_a_stored_checkpoint_saved_from_the_head_leaves_the_head(world: str, worker: str) -> None:
+    """The fallback: the fast path moved the head to p0 and its insert conflicted."""
+    with connect_as(world, worker) as w:
+        assert w.execute(PUT, params("p0", "p1", md=UPDATE, limit=1)).fetchone() == (True, "p1")
+        # The head itself saved again from itself.
+        assert w.execute(PUT, params("p1", "p1")).fetchone() == (True, "p1")
+    s = state(world)
+    assert s["head"] == "p1"
+    assert_head_is_stored(world)
+
+
+BAD_ARRAYS = {
+    "lower bound 0, empty first channel": {"channels": '[0:1]={"",c}', "versions": "{1,2}"},
+    "lower bound 0, NULL first version": {"channels": "{a,c}", "versions": "[0:1]={NULL,2}"},
+    "lower bound -5, empty type": {"types": '[-5:-4]={json,""}'},
+    "2-D, NULL inside": {"channels": "{{a,NULL}}", "versions": "{{1,2}}"},
+    "2-D types, 1025 bytes": {"types": [["json", "t" * 1025]]},
+    "513 characters": {"channels": ["a", "c" * 513]},
+    "1026 bytes": {"versions": ["1", "\u00e9" * 513]},
+    "NULL blobs array": {"blobs": None},
+    "one blob short": {"blobs": [b"1"]},
+    "versions longer": {"versions": ["1", "2", "3"]},
+}
+
+
+@pytest.mark.parametrize("path", ["first put", "parent is the head", "stored id"])
+@pytest.mark.parametrize("case", list(BAD_ARRAYS))
+def test_the_channel_bounds_hold_on_every_path(world: str, worker: str, case: str,
+                                               path: str) -> None:
+    id_, parent, thread = {"first put": ("x1", None, "fresh"),
+                           "parent is the head": ("x1", "p1", "t"),
+                           "stored id": ("p0", "p1", "t")}[path]
+    p = params(id_, parent, thread=thread, md=UPDATE, channels=["a", "c"], versions=["1", "2"],
+               types=["json", "json"], blobs=[b"1", b"2"])
+    p.update(BAD_ARRAYS[case])
+    before = (state(world, thread=thread), state(world, tenant="B"))
+    with connect_as(world, worker) as w:
+        got = sqlstate(w, PUT, p)
+    assert got == "RS005", (case, path, got)
+    assert (state(world, thread=thread), state(world, tenant="B")) == before
+
+
+def racers(dsn: str, role: str, puts: list[dict[str, Any]],
+           isolation: str | None = None) -> tuple[list[threading.Thread], dict[str, Any]]:
+    answers: dict[str, Any] = {}
+
+    def go(p: dict[str, Any]) -> None:
+        try:
+            with connect_as(dsn, role) as c:
+                if isolation:
+                    c.autocommit = False
+                    c.execute(f"SET TRANSACTION ISOLATION LEVEL {isolation}")
+                    c.execute("SELECT 1")  # the snapshot, before the holder commits
+                    answers[p["id"] + ":snap"] = True
+                    while not answers.get("go"):
+                        time.sleep(0.01)
+                answers[p["id"]] = c.execute(PUT, p).fetchone()
+                if isolation:
+                    c.commit()
+        except psycopg.Error as exc:
+            answers[p["id"]] = exc.sqlstate
+
+    threads = [threading.Thread(target=go, args=(p,)) for p in puts]
+    for t in threads:
+        t.start()
+    return threads, answers
+
+
+@pytest.mark.parametrize("holder", ["new child", "stored id", "rolled back",
+                                    "savepoint rolled back"])
+def test_racing_run_loop_puts_store_one_child_of_the_head(world: str, worker: str,
+                                                          holder: str) -> None:
+    """One session holds a put on the namespace (in an open transaction); eight others put
+    run-loop children of the same head meanwhile. At most one child of p1 is stored."""
+    from psycopg import conninfo
+
+    held = psycopg.connect(conninfo.make_conninfo(world, user=worker))
+    try:
+        if holder == "savepoint rolled back":
+            held.execute("SAVEPOINT s")
+        first = {"new child": params("c1", "p1"), "stored id": params("p0", "p1", md=UPDATE),
+                 "rolled back": params("c1", "p1"),
+                 "savepoint rolled back": params("c1", "p1")}[holder]
+        held.execute(PUT, first).fetchone()
+        if holder == "savepoint rolled back":
+            held.execute("ROLLBACK TO SAVEPOINT s")
+        threads, answers = racers(world, worker, [params(f"r{i}", "p1") for i in range(8)])
+        time.sleep(0.5)  # the racers wait on the namespace row
+        if holder == "savepoint rolled back":
+            # The holder tries again from the same parent, still in its transaction.
+            answers["again"] = held.execute(PUT, params("c1", "p1")).fetchone()
+        if holder == "rolled back":
+            held.rollback()
+        else:
+            held.commit()
+        for t in threads:
+            t.join(20)
+    finally:
+        held.close()
+    children = loop_children(world, "p1")
+    assert len(children) == 1, (children, answers)
+    stored = [k for k, v in answers.items() if isinstance(v, tuple) and v[0]]
+    assert len(stored) + (holder == "new child") == 1, answers
+    s = state(world)
+    assert s["head"] == children[0]
+    assert_head_is_stored(world)
+    # No refused racer left a value or a write behind.
+    assert set(s["blobs"]) <= {"p0", "p1", children[0]}, s
+
+
+def test_a_racer_on_an_old_snapshot_cannot_fork(world: str, worker: str) -> None:
+    """REPEATABLE READ: the racer's snapshot sees p1 as the head (before the holder's commit)."""
+    from psycopg import conninfo
+
+    held = psycopg.connect(conninfo.make_conninfo(world, user=worker))
+    try:
+        threads, answers = racers(world, worker, [params("r1", "p1")],
+                                  isolation="REPEATABLE READ")
+        deadline = time.monotonic() + 10
+        while "r1:snap" not in answers and time.monotonic() < deadline:
+            time.sleep(0.01)
+        held.execute(PUT, params("c1", "p1")).fetchone()
+        held.commit()
+        answers["go"] = True
+        for t in threads:
+            t.join(20)
+    finally:
+        held.close()
+    assert answers["r1"] in ("40001", (False, "c1")), answers
+    assert loop_children(world, "p1") == ["c1"]
+    assert_head_is_stored(world)
+
+
+def test_a_namespace_deleted_under_a_waiting_fast_path_refuses_it(world: str,
+                                                                  worker: str) -> None:
+    """delete_thread holds the namespace row while a fast-path put waits on it: once the
+    row is gone, the put creates a fresh namespace and is refused (no parent there)."""
+    from psycopg import conninfo
+
+    deleter = psycopg.connect(conninfo.make_conninfo(world, user=worker))
+    try:
+        deleter.execute("SELECT replaysafe.langgraph_delete_thread(p_tenant_id => 'A', "
+                        "p_thread_id => 't')")
+        threads, answers = racers(world, worker, [params("r1", "p1")])
+        time.sleep(0.5)
+        deleter.commit()
+        for t in threads:
+            t.join(20)
+    finally:
+        deleter.close()
+    assert answers["r1"] == (False, None), answers
+    s = state(world)
+    assert s["checkpoints"] == [] and s["blobs"] == [] and s["head"] is None
