@@ -119,7 +119,7 @@ def execute_on(conn: psycopg.Connection[Any], query: LiteralString,
     if alone:
         refuse_open_transaction(conn)
     with wrap_errors():
-        cur = _cursor(conn, query)
+        cursors, cur = _take_cursor(conn, query)
         try:
             if conn.autocommit or conn.info.transaction_status != TransactionStatus.IDLE:
                 cur.execute(query, params, binary=binary)
@@ -128,7 +128,7 @@ def execute_on(conn: psycopg.Connection[Any], query: LiteralString,
                 cur.execute(query, params, binary=binary)
                 return cur.fetchall() if _has_rows(cur) else []
         finally:
-            _release_result(cur)
+            _put_back(cursors, query, cur)
 
 
 # Our statements' cursors, one per connection and statement, kept on the connection (a
@@ -140,25 +140,29 @@ def execute_on(conn: psycopg.Connection[Any], query: LiteralString,
 _CURSORS = "_replaysafe_cursors"
 
 
-def _cursor(conn: Any, query: LiteralString) -> Any:
-    """The cursor of ``query`` on ``conn`` (``conn`` is used by one statement at a time:
-    each Source holds a lock or the pool's lease around it)."""
-    cursors: dict[str, Any] | None = getattr(conn, _CURSORS, None)
-    if cursors is None:
-        cursors = {}
-        setattr(conn, _CURSORS, cursors)
-    cur = cursors.get(query)
+def _take_cursor(conn: Any, query: LiteralString) -> tuple[dict[str, Any], Any]:
+    """The cursor of ``query`` on ``conn``, taken out of the connection's cache for the
+    statement: no other thread or task can use it meanwhile, whatever shares ``conn`` (two
+    driver objects on one caller's connection have a lock each; a waiter that fell back to
+    the given connection has none). Taken, it is a new cursor for that call."""
+    cursors: dict[str, Any] = conn.__dict__.setdefault(_CURSORS, {})  # atomic under the GIL
+    cur = cursors.pop(query, None)
     if cur is None or cur.closed:
-        cur = cursors[query] = conn.cursor(row_factory=tuple_row)
-    return cur
+        cur = conn.cursor(row_factory=tuple_row)
+    return cursors, cur
 
 
-def _release_result(cur: Any) -> None:
-    """Let go of the result the cursor holds (a checkpoint's values can be megabytes) while
-    keeping its adaptation state; psycopg has no public call for it."""
+def _put_back(cursors: dict[str, Any], query: LiteralString, cur: Any) -> None:
+    """Let go of the result the cursor holds (a checkpoint's values can be megabytes: the
+    cursor's and its transformer's references) while keeping its adaptation state, then
+    put the cursor back; psycopg has no public call for it."""
     reset = getattr(cur, "_reset", None)
     if reset is not None:
         reset()
+    tx = getattr(cur, "_tx", None)
+    if tx is not None:
+        tx.set_pgresult(None, set_loaders=False)
+    cursors.setdefault(query, cur)
 
 
 def _has_rows(cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> bool:
@@ -175,7 +179,7 @@ async def aexecute_on(conn: psycopg.AsyncConnection[Any], query: LiteralString,
     if alone:
         refuse_open_transaction(conn)
     with wrap_errors():
-        cur = _cursor(conn, query)
+        cursors, cur = _take_cursor(conn, query)
         try:
             if conn.autocommit or conn.info.transaction_status != TransactionStatus.IDLE:
                 await cur.execute(query, params, binary=binary)
@@ -184,7 +188,7 @@ async def aexecute_on(conn: psycopg.AsyncConnection[Any], query: LiteralString,
                 await cur.execute(query, params, binary=binary)
                 return await cur.fetchall() if _has_rows(cur) else []
         finally:
-            _release_result(cur)
+            _put_back(cursors, query, cur)
 
 
 class SyncSource:

@@ -4,6 +4,7 @@ waits/heartbeats kept off it."""
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import time
 from datetime import timedelta
@@ -147,7 +148,8 @@ def test_a_statement_keeps_its_cursor_and_lets_go_of_its_result(dsn: str) -> Non
         assert len(_cursors(conn)) == len(cursors) + 1  # complete's own cursor
         for query, cur in cursors.items():
             assert _cursors(conn)[query] is cur and cur._tx is transformers[query]
-        assert all(cur.pgresult is None for cur in _cursors(conn).values())
+        assert all(cur.pgresult is None and cur._tx.pgresult is None
+                   for cur in _cursors(conn).values())
         assert led.claim("k2", "op", {"a": 2}).outcome == "replay"
         # A closed cursor is replaced, not reused.
         for cur in _cursors(conn).values():
@@ -166,3 +168,56 @@ def test_async_statements_keep_their_cursors(dsn: str) -> None:
             assert list(_cursors(conn).values()) == [cur] and cur._tx is tx
             assert cur.pgresult is None
     asyncio.run(body())
+
+
+def test_two_ledgers_sharing_one_connection_across_threads_get_their_own_rows(dsn: str) -> None:
+    """docs/python.md: one driver object per tenant, "making another is cheap"; a caller's
+    connection may be shared by the caller's threads. Four Ledgers on one connection have a
+    lock each: a statement takes its cursor out of the connection's cache while it runs, so
+    no other thread runs the same query on it meanwhile (the review of the cursor cache: with
+    the cursor left in the cache, threads read each other's results or none)."""
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            ledgers = {t: Ledger(conn, tenant_id=t) for t in ("t1", "t2", "t3", "t4")}
+            for t, led in ledgers.items():
+                led.claim(f"key-{t}", "op", {"tenant": t})
+            wrong: list[Any] = []
+            errors: list[BaseException] = []
+            start = threading.Barrier(len(ledgers))
+
+            def reader(t: str) -> None:
+                led = ledgers[t]
+                start.wait()
+                try:
+                    for _ in range(1500):
+                        action = led.get(f"key-{t}")
+                        if action is None or (action.tenant_id, action.action_key) != (
+                                t, f"key-{t}"):
+                            wrong.append((t, action))
+                except BaseException as exc:
+                    errors.append(exc)
+
+            workers = [threading.Thread(target=reader, args=(t,)) for t in ledgers]
+            for w in workers:
+                w.start()
+            for w in workers:
+                w.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert errors == [] and wrong == [], (len(errors), errors[:3], len(wrong), wrong[:3])
+
+
+def test_the_cursor_cache_lets_go_of_the_result(dsn: str) -> None:
+    """Neither the cursor nor its transformer (the state the cache keeps) holds the last
+    result: a large thread state is not kept in memory between calls."""
+    big = {"blob": "x" * 4_000_000}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        threads = Threads(conn, tenant_id="t1")
+        threads.write("th", big, expected_version=0)
+        assert threads.read("th").state == big
+        cursors = conn._replaysafe_cursors  # type: ignore[attr-defined]
+        held = [q for q, cur in cursors.items()
+                if cur._tx.pgresult is not None and "read_thread" in q]
+        assert held == [], "the transformer still holds read_thread's 4 MB result"
