@@ -63,7 +63,8 @@ def noop(i: int) -> dict[str, int]:
 def direct_params(tenant: str, key: str, i: int) -> dict[str, Any]:
     return {"tenant_id": tenant, "action_key": key, "operation": "noop",
             "request": f'{{"i":{i}}}', "worker_id": "bench", "lease": "30 seconds",
-            "thread_id": None, "on_expired": "unknown", "now": None}
+            "thread_id": None, "on_expired": "unknown", "now": None,
+            "claim_token": None}
 
 
 def loop_direct_first(conn: psycopg.Connection[Any], prefix: str, deadline: float) -> int:
