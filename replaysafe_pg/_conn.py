@@ -136,7 +136,7 @@ def execute_on(conn: psycopg.Connection[Any], query: LiteralString,
 # alive). psycopg keeps a cursor's adaptation state while the same query object runs on it
 # again: the dumpers it chose for the parameters (list parameters are inspected element by
 # element to choose one), the loaders of the result. A new cursor per call looks all of them
-# up again: ~40 us of client CPU per langgraph_put (12 parameters), docs/performance.md.
+# up again: ~26 us of client CPU per langgraph_put (12 parameters), docs/performance.md.
 _CURSORS = "_replaysafe_cursors"
 
 

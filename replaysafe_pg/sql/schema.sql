@@ -2377,6 +2377,9 @@ DECLARE
     v_count   integer;
     v_threads text[];
     v_spaces  text[];
+    v_ids     text[];  -- the deleted checkpoints, with their threads and namespaces:
+    v_id_threads text[];
+    v_id_spaces  text[];
     v_head    text;
 BEGIN
     PERFORM replaysafe._check_id('p_tenant_id', p_tenant_id);
@@ -2407,10 +2410,13 @@ BEGIN
         USING d
         WHERE x.tenant_id = p_tenant_id AND x.thread_id = d.thread_id
           AND x.checkpoint_ns = d.checkpoint_ns AND x.checkpoint_id = d.checkpoint_id)
-    SELECT (SELECT count(*) FROM d), s.threads, s.spaces
-    INTO v_count, v_threads, v_spaces
-    FROM (SELECT array_agg(p.thread_id) AS threads, array_agg(p.checkpoint_ns) AS spaces
-          FROM (SELECT DISTINCT d.thread_id, d.checkpoint_ns FROM d) p) s;
+    SELECT (SELECT count(*) FROM d), s.threads, s.spaces, i.threads, i.spaces, i.ids
+    INTO v_count, v_threads, v_spaces, v_id_threads, v_id_spaces, v_ids
+    FROM (SELECT array_agg(p.thread_id ORDER BY p.thread_id, p.checkpoint_ns) AS threads,
+                 array_agg(p.checkpoint_ns ORDER BY p.thread_id, p.checkpoint_ns) AS spaces
+          FROM (SELECT DISTINCT d.thread_id, d.checkpoint_ns FROM d) p) s,
+         (SELECT array_agg(d.thread_id) AS threads, array_agg(d.checkpoint_ns) AS spaces,
+                 array_agg(d.checkpoint_id) AS ids FROM d) i;
     FOR i IN 1..coalesce(cardinality(v_threads), 0) LOOP
         SELECT n.head INTO v_head FROM replaysafe.langgraph_namespaces n
         WHERE n.tenant_id = p_tenant_id AND n.thread_id = v_threads[i]
@@ -2423,6 +2429,15 @@ BEGIN
           AND n.checkpoint_ns = v_spaces[i];
         PERFORM replaysafe._langgraph_collect_blobs(p_tenant_id, v_threads[i], v_spaces[i]);
     END LOOP;
+    -- Every namespace is locked now (in the loop, in the same order, where a run's
+    -- checkpoint committed between the lock above and the DELETE): a put_writes of a deleted
+    -- checkpoint that was in flight there has committed; its writes go too.
+    IF v_count > 0 THEN
+        DELETE FROM replaysafe.langgraph_writes x
+        USING unnest(v_id_threads, v_id_spaces, v_ids) AS d(thread_id, checkpoint_ns, id)
+        WHERE x.tenant_id = p_tenant_id AND x.thread_id = d.thread_id
+          AND x.checkpoint_ns = d.checkpoint_ns AND x.checkpoint_id = d.id;
+    END IF;
     RETURN v_count;
 END
 $$;

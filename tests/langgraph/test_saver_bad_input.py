@@ -82,6 +82,7 @@ BAD_CHANNELS = [
     (["", "v1", "t"], "an empty channel"),
     (["c", "v" * 513, "t"], "a version of 513 characters"),
     (["c", "é" * 513, "t"], "a version of 1026 bytes"),
+    (["c", "\U0001f600" * 257, "t"], "a version of 257 characters and 1028 bytes"),
     (["c", "v1", ""], "an empty type"),
     (["c", "v1", "t" * 1025], "a type of 1025 bytes"),
     ([None, "v1", "t"], "a NULL channel"),

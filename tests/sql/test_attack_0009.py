@@ -297,6 +297,7 @@ BAD_ARRAYS = {
     "2-D types, 1025 bytes": {"types": [["json", "t" * 1025]]},
     "513 characters": {"channels": ["a", "c" * 513]},
     "1026 bytes": {"versions": ["1", "\u00e9" * 513]},
+    "257 characters, 1028 bytes": {"channels": ["a", "\U0001f600" * 257]},
     "NULL blobs array": {"blobs": None},
     "one blob short": {"blobs": [b"1"]},
     "versions longer": {"versions": ["1", "2", "3"]},
@@ -332,7 +333,8 @@ def racers(dsn: str, role: str, puts: list[dict[str, Any]],
                     c.execute(f"SET TRANSACTION ISOLATION LEVEL {isolation}")
                     c.execute("SELECT 1")  # the snapshot, before the holder commits
                     answers[p["id"] + ":snap"] = True
-                    while not answers.get("go"):
+                    deadline = time.monotonic() + 30
+                    while not answers.get("go") and time.monotonic() < deadline:
                         time.sleep(0.01)
                 answers[p["id"]] = c.execute(PUT, p).fetchone()
                 if isolation:
@@ -340,10 +342,22 @@ def racers(dsn: str, role: str, puts: list[dict[str, Any]],
         except psycopg.Error as exc:
             answers[p["id"]] = exc.sqlstate
 
-    threads = [threading.Thread(target=go, args=(p,)) for p in puts]
+    threads = [threading.Thread(target=go, args=(p,), daemon=True) for p in puts]
     for t in threads:
         t.start()
     return threads, answers
+
+
+def wait_blocked_by(dsn: str, holder_pid: int, n: int) -> None:
+    """Until ``n`` backends wait on a lock, behind ``holder_pid`` or behind each other (a
+    row's later waiters queue behind its first), never by sleeping and hoping."""
+    with psycopg.connect(dsn, autocommit=True) as probe:
+        deadline = time.monotonic() + 30
+        while probe.execute("SELECT count(*) FROM pg_stat_activity "
+                            "WHERE pid <> %s AND cardinality(pg_blocking_pids(pid)) > 0",
+                            (holder_pid,)).fetchone() != (n,):
+            assert time.monotonic() < deadline, f"fewer than {n} backends blocked"
+            time.sleep(0.01)
 
 
 @pytest.mark.parametrize("holder", ["new child", "stored id", "rolled back",
@@ -365,7 +379,12 @@ def test_racing_run_loop_puts_store_one_child_of_the_head(world: str, worker: st
         if holder == "savepoint rolled back":
             held.execute("ROLLBACK TO SAVEPOINT s")
         threads, answers = racers(world, worker, [params(f"r{i}", "p1") for i in range(8)])
-        time.sleep(0.5)  # the racers wait on the namespace row
+        if holder == "savepoint rolled back":
+            # The rollback to the savepoint let go of the namespace: the racers go on.
+            for t in threads:
+                t.join(30)
+        else:
+            wait_blocked_by(world, held.info.backend_pid, 8)  # they wait on the namespace
         if holder == "savepoint rolled back":
             # The holder tries again from the same parent, still in its transaction.
             answers["again"] = held.execute(PUT, params("c1", "p1")).fetchone()
@@ -374,7 +393,8 @@ def test_racing_run_loop_puts_store_one_child_of_the_head(world: str, worker: st
         else:
             held.commit()
         for t in threads:
-            t.join(20)
+            t.join(30)
+        assert not any(t.is_alive() for t in threads)
     finally:
         held.close()
     children = loop_children(world, "p1")
@@ -396,14 +416,18 @@ def test_a_racer_on_an_old_snapshot_cannot_fork(world: str, worker: str) -> None
     try:
         threads, answers = racers(world, worker, [params("r1", "p1")],
                                   isolation="REPEATABLE READ")
-        deadline = time.monotonic() + 10
-        while "r1:snap" not in answers and time.monotonic() < deadline:
-            time.sleep(0.01)
-        held.execute(PUT, params("c1", "p1")).fetchone()
-        held.commit()
-        answers["go"] = True
+        try:
+            deadline = time.monotonic() + 30
+            while "r1:snap" not in answers and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert "r1:snap" in answers, answers
+            held.execute(PUT, params("c1", "p1")).fetchone()
+            held.commit()
+        finally:
+            answers["go"] = True
         for t in threads:
-            t.join(20)
+            t.join(30)
+        assert not any(t.is_alive() for t in threads)
     finally:
         held.close()
     assert answers["r1"] in ("40001", (False, "c1")), answers
@@ -422,12 +446,31 @@ def test_a_namespace_deleted_under_a_waiting_fast_path_refuses_it(world: str,
         deleter.execute("SELECT replaysafe.langgraph_delete_thread(p_tenant_id => 'A', "
                         "p_thread_id => 't')")
         threads, answers = racers(world, worker, [params("r1", "p1")])
-        time.sleep(0.5)
+        wait_blocked_by(world, deleter.info.backend_pid, 1)
         deleter.commit()
         for t in threads:
-            t.join(20)
+            t.join(30)
+        assert not any(t.is_alive() for t in threads)
     finally:
         deleter.close()
     assert answers["r1"] == (False, None), answers
     s = state(world)
     assert s["checkpoints"] == [] and s["blobs"] == [] and s["head"] is None
+
+
+def test_upgrading_repairs_a_head_left_on_a_deleted_checkpoint(dsn: str) -> None:
+    """0006-0008's delete_for_runs could leave a head on a deleted checkpoint (FINDING 2);
+    0009's upgrade points such heads at the namespace's real head, so a run-loop put from
+    the deleted checkpoint is refused again."""
+    replaysafe_pg.downgrade(dsn, "0008")
+    with psycopg.connect(dsn, autocommit=True) as owner:
+        owner.execute(PUT, params("d0", None, thread="dr", md=json.dumps(
+            {"source": "input", "step": -1})))
+        owner.execute(PUT, params("d1", "d0", thread="dr"))
+        # What the skipped namespace looked like: d1 deleted, the head still on it.
+        owner.execute("DELETE FROM replaysafe.langgraph_checkpoints WHERE checkpoint_id = 'd1'")
+        assert state(dsn, thread="dr")["head"] == "d1"
+        replaysafe_pg.migrate(dsn)
+        assert state(dsn, thread="dr")["head"] == "d0"
+        assert owner.execute(PUT, params("d2", "d1", thread="dr")).fetchone() == (False, "d0")
+    assert_head_is_stored(dsn)

@@ -845,9 +845,10 @@ def test_delete_for_runs_never_drops_a_value_a_put_in_flight_uses(world: str) ->
                                        md=json.dumps({"source": "loop", "step": 0,
                                                       "run_id": "r3"})))
         # Run r1 rolled back meanwhile: delete_for_runs waits for the put (revision 0009).
-        rollback = threading.Thread(target=lambda: other.execute(
+        deleted: list[Any] = []
+        rollback = threading.Thread(target=lambda: deleted.append(other.execute(
             "SELECT replaysafe.langgraph_delete_for_runs(p_tenant_id => 'A', "
-            "p_run_ids => ARRAY['r1'])"))
+            "p_run_ids => ARRAY['r1'])").fetchone()), daemon=True)
         rollback.start()
         deadline = time.monotonic() + 30
         while probe.execute("SELECT %s = ANY (pg_blocking_pids(%s))",
@@ -857,7 +858,7 @@ def test_delete_for_runs_never_drops_a_value_a_put_in_flight_uses(world: str) ->
             time.sleep(0.01)
         writer.commit()
         rollback.join(30)
-        assert not rollback.is_alive()
+        assert not rollback.is_alive() and deleted == [(1,)]
     with ReplaysafeSaver(world, tenant_id="A") as saver:
         found = saver.get_tuple(config)
     assert found is not None and found.checkpoint["id"] == third["id"]
