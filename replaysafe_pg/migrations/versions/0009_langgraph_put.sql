@@ -32,7 +32,6 @@ AS $$
 DECLARE
     v_refused text[];
     v_head    text;
-    v_found   boolean;
     v_old     record;
     v_text    text;
     v_bad     boolean := false;
@@ -162,45 +161,34 @@ BEGIN
         FROM unnest(p_channels, p_versions, p_types, p_blobs) AS v(channel, version, type, blob)
         ON CONFLICT DO NOTHING;
     END IF;
-    IF v_fast THEN
-        INSERT INTO replaysafe.langgraph_checkpoints (
-            tenant_id, thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, run_id,
-            checkpoint, metadata, created_at)
-        VALUES (p_tenant_id, p_thread_id, p_checkpoint_ns, p_checkpoint_id, p_parent_id,
-                p_metadata ->> 'run_id', p_checkpoint, p_metadata, clock_timestamp())
-        ON CONFLICT DO NOTHING;
-        v_fast := FOUND;
+    -- A new checkpoint becomes the head (the namespace is locked: no concurrent insert); one
+    -- stored before is updated, and the head stays where it was.
+    INSERT INTO replaysafe.langgraph_checkpoints (
+        tenant_id, thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, run_id,
+        checkpoint, metadata, created_at)
+    VALUES (p_tenant_id, p_thread_id, p_checkpoint_ns, p_checkpoint_id, p_parent_id,
+            p_metadata ->> 'run_id', p_checkpoint, p_metadata, clock_timestamp())
+    ON CONFLICT DO NOTHING;
+    IF FOUND THEN
+        IF NOT v_fast THEN  -- the fast path moved the head already
+            UPDATE replaysafe.langgraph_namespaces n SET head = p_checkpoint_id
+            WHERE n.tenant_id = p_tenant_id AND n.thread_id = p_thread_id
+              AND n.checkpoint_ns = p_checkpoint_ns;
+        END IF;
+        v_head := p_checkpoint_id;
+    ELSE
         IF v_fast THEN
-            v_head := p_checkpoint_id;
-        ELSE
-            -- Saved before: the head goes back, and the checkpoint is updated below.
+            -- The head the fast path moved goes back.
             UPDATE replaysafe.langgraph_namespaces n SET head = p_parent_id
             WHERE n.tenant_id = p_tenant_id AND n.thread_id = p_thread_id
               AND n.checkpoint_ns = p_checkpoint_ns;
             v_head := p_parent_id;
         END IF;
-    END IF;
-    IF NOT v_fast THEN
         UPDATE replaysafe.langgraph_checkpoints c
         SET checkpoint = p_checkpoint, metadata = p_metadata, run_id = p_metadata ->> 'run_id'
         WHERE c.tenant_id = p_tenant_id AND c.thread_id = p_thread_id
           AND c.checkpoint_ns = p_checkpoint_ns AND c.checkpoint_id = p_checkpoint_id;
-        v_found := FOUND;
-        IF NOT v_found THEN
-            -- A new checkpoint: the head (the namespace is locked: no concurrent insert).
-            INSERT INTO replaysafe.langgraph_checkpoints (
-                tenant_id, thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, run_id,
-                checkpoint, metadata, created_at)
-            VALUES (p_tenant_id, p_thread_id, p_checkpoint_ns, p_checkpoint_id, p_parent_id,
-                    p_metadata ->> 'run_id', p_checkpoint, p_metadata, clock_timestamp());
-            UPDATE replaysafe.langgraph_namespaces n SET head = p_checkpoint_id
-            WHERE n.tenant_id = p_tenant_id AND n.thread_id = p_thread_id
-              AND n.checkpoint_ns = p_checkpoint_ns;
-            v_head := p_checkpoint_id;
-        ELSE
-            v_head := replaysafe._langgraph_head(p_tenant_id, p_thread_id, p_checkpoint_ns,
-                                                 v_head);
-        END IF;
+        v_head := replaysafe._langgraph_head(p_tenant_id, p_thread_id, p_checkpoint_ns, v_head);
     END IF;
 
     -- With a history limit, the oldest checkpoints beyond it go (at most 4 per write, so the
