@@ -381,10 +381,14 @@ class AsyncSource:
         if self._given is not None:
             yield self._given
             return
+        async with self._own_lock():  # for the statement too: see SyncSource.connection
+            yield await self._usable_own()
+
+    def _own_lock(self) -> asyncio.Lock:
+        """The lock of the own connection, made on first use (inside the event loop)."""
         if self._lock is None:
             self._lock = asyncio.Lock()
-        async with self._lock:  # for the statement too: see SyncSource.connection
-            yield await self._usable_own()
+        return self._lock
 
     async def _usable_own(self) -> psycopg.AsyncConnection[Any]:
         """See :meth:`SyncSource._usable_own`; the caller holds ``self._lock``."""
@@ -404,10 +408,8 @@ class AsyncSource:
             async with self._given_lock:
                 return await aexecute_on(self._given, query, params, alone=alone, binary=binary)
         if self._pool is None:  # as SyncSource.execute: the common case without connection()
-            if self._lock is None:
-                self._lock = asyncio.Lock()
             with wrap_errors():
-                async with self._lock:
+                async with self._own_lock():
                     return await aexecute_on(await self._usable_own(), query, params,
                                              alone=alone, binary=binary)
         with wrap_errors():
