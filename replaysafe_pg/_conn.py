@@ -23,7 +23,7 @@ from typing import Any, LiteralString, TypeAlias
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from psycopg.pq import ConnStatus, ExecStatus, TransactionStatus
+from psycopg.pq import ConnStatus, ExecStatus, PipelineStatus, TransactionStatus
 from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
@@ -109,6 +109,19 @@ def refuse_open_transaction(conn: psycopg.Connection[Any] | psycopg.AsyncConnect
             "again. Commit or roll back first, or give the Ledger a DSN or a pool")
 
 
+def refuse_pipeline(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
+    """A caller's connection inside ``with conn.pipeline()`` answers a statement only at the
+    pipeline's end, and every call here needs its answer before it returns (a claim's
+    outcome, a checkpoint's compare-and-swap, a read): refused before anything is sent. Sent,
+    a claim would run at the pipeline's end with nobody to act on it, a read would answer
+    "nothing there"."""
+    if conn.pgconn.pipeline_status != PipelineStatus.OFF:
+        raise InvalidArgument(
+            "the connection is in pipeline mode (inside `with conn.pipeline()`): replaysafe_pg "
+            "needs the answer to each call before the call returns, and a pipeline gives it "
+            "only at its end. Nothing was sent; make the call outside the pipeline block")
+
+
 def execute_on(conn: psycopg.Connection[Any], query: LiteralString,
                params: dict[str, Any] | None = None, *, alone: bool = False,
                binary: bool = False) -> list[tuple[Any, ...]]:
@@ -116,6 +129,7 @@ def execute_on(conn: psycopg.Connection[Any], query: LiteralString,
     With ``alone``, a connection inside a transaction is refused instead of joined.
     Rows are tuples whatever the connection's row factory. Statements without a result
     (LISTEN) answer ``[]``. ``binary``: results in binary format (bytea without hex text)."""
+    refuse_pipeline(conn)
     if alone:
         refuse_open_transaction(conn)
     with wrap_errors():
@@ -176,6 +190,7 @@ async def aexecute_on(conn: psycopg.AsyncConnection[Any], query: LiteralString,
                       params: dict[str, Any] | None = None, *,
                       alone: bool = False, binary: bool = False) -> list[tuple[Any, ...]]:
     """See :func:`execute_on`."""
+    refuse_pipeline(conn)
     if alone:
         refuse_open_transaction(conn)
     with wrap_errors():

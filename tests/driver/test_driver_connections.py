@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from replaysafe_pg import AsyncLedger, Ledger, StaleStateError, Threads
+from replaysafe_pg import AsyncLedger, InvalidArgument, Ledger, StaleStateError, Threads
 from replaysafe_pg._conn import AsyncSource, SyncSource
 
 
@@ -221,3 +221,41 @@ def test_the_cursor_cache_lets_go_of_the_result(dsn: str) -> None:
         held = [q for q, cur in cursors.items()
                 if cur._tx.pgresult is not None and "read_thread" in q]
         assert held == [], "the transformer still holds read_thread's 4 MB result"
+
+
+def test_a_connection_in_pipeline_mode_is_refused_before_anything_is_sent(dsn: str) -> None:
+    """Inside ``with conn.pipeline()`` a statement's answer comes at the pipeline's end: a
+    claim sent there would run with nobody to act on it, a read would answer "nothing".
+    Every call is refused with InvalidArgument, the tool is not called, nothing is written,
+    and the connection works again after the block."""
+    calls: list[int] = []
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        led = Ledger(conn, tenant_id="t1")
+        threads = Threads(conn, tenant_id="t1")
+        with conn.pipeline():
+            with pytest.raises(InvalidArgument, match="pipeline mode"):
+                led.claim("k", "op", {})
+            with pytest.raises(InvalidArgument, match="pipeline mode"):
+                led.run("op", lambda: calls.append(1), {}, key="r")
+            with pytest.raises(InvalidArgument, match="pipeline mode"):
+                led.get("k")
+            with pytest.raises(InvalidArgument, match="pipeline mode"):
+                threads.write("th", {"n": 1}, expected_version=0)
+            with pytest.raises(InvalidArgument, match="pipeline mode"):
+                threads.read("th")
+        assert calls == []
+        assert led.get("k") is None and led.get("r") is None
+        assert threads.read("th").version == 0
+        assert led.claim("k", "op", {}).outcome == "claimed"
+
+
+def test_async_a_connection_in_pipeline_mode_is_refused(dsn: str) -> None:
+    async def body() -> None:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            led = AsyncLedger(conn, tenant_id="t1")
+            async with conn.pipeline():
+                with pytest.raises(InvalidArgument, match="pipeline mode"):
+                    await led.claim("k", "op", {})
+            assert await led.get("k") is None
+
+    asyncio.run(body())

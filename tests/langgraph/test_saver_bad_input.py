@@ -114,3 +114,20 @@ def test_every_channel_version_and_type_is_checked(dsn: str, parent: str, bad: l
         head = c.execute("SELECT head FROM replaysafe.langgraph_namespaces").fetchall()
     assert rows(dsn) == before
     assert head == ([("c0",)] if parent_id else [])
+
+
+def test_a_connection_in_pipeline_mode_is_refused(dsn: str) -> None:
+    """A put sent inside ``with conn.pipeline()`` would be answered only at the block's end
+    (its compare-and-swap unseen), a get_tuple would answer None for a stored checkpoint:
+    both are refused before anything is sent."""
+    config: Any = {"configurable": {"thread_id": "th", "checkpoint_ns": ""}}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        saver = ReplaysafeSaver(conn, tenant_id="t1")
+        with conn.pipeline():
+            with pytest.raises(InvalidArgument, match="pipeline mode"):
+                saver.put(config, empty_checkpoint(), {"source": "input", "step": -1}, {})
+            with pytest.raises(InvalidArgument, match="pipeline mode"):
+                saver.get_tuple(config)
+        assert rows(dsn) == 0
+        saver.put(config, empty_checkpoint(), {"source": "input", "step": -1}, {})
+        assert saver.get_tuple(config) is not None
