@@ -14,7 +14,14 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from replaysafe_pg import AsyncLedger, InvalidArgument, Ledger, StaleStateError, Threads
+from replaysafe_pg import (
+    AsyncLedger,
+    DatabaseUnavailable,
+    InvalidArgument,
+    Ledger,
+    StaleStateError,
+    Threads,
+)
 from replaysafe_pg._conn import AsyncSource, SyncSource
 
 
@@ -259,3 +266,47 @@ def test_async_a_connection_in_pipeline_mode_is_refused(dsn: str) -> None:
             assert await led.get("k") is None
 
     asyncio.run(body())
+
+
+def test_a_neighbours_executemany_on_a_shared_connection_is_waited_for(dsn: str) -> None:
+    """psycopg's executemany runs in a pipeline of its own, holding the connection's lock: a
+    ledger call from another thread on the same connection waits for it, it is not refused."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TEMP TABLE many (i integer)")
+        led = Ledger(conn, tenant_id="t1")
+        led.claim("k", "op", {})
+        done = threading.Event()
+        errors: list[BaseException] = []
+
+        def neighbour() -> None:
+            try:
+                with conn.cursor() as cur:
+                    for _ in range(10):
+                        cur.executemany("INSERT INTO many VALUES (%s)", [(i,) for i in range(500)])
+            except BaseException as exc:
+                errors.append(exc)
+            finally:
+                done.set()
+
+        worker = threading.Thread(target=neighbour, daemon=True)
+        worker.start()
+        answers = 0
+        while not done.is_set():
+            assert led.get("k") is not None
+            answers += 1
+        worker.join(30)
+        assert errors == [] and answers > 0
+
+
+def test_a_connection_broken_inside_a_pipeline_raises_database_unavailable(dsn: str) -> None:
+    """A connection that broke inside a pipeline block still says "pipeline on" after it:
+    the call is the same DatabaseUnavailable as on any broken connection."""
+    with psycopg.connect(dsn, autocommit=True) as conn, \
+            psycopg.connect(dsn, autocommit=True) as other:
+        led = Ledger(conn, tenant_id="t1")
+        with pytest.raises(psycopg.OperationalError), conn.pipeline():
+            other.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
+            conn.execute("SELECT 1")
+        assert conn.broken or conn.closed
+        with pytest.raises(DatabaseUnavailable):
+            led.get("k")
