@@ -127,21 +127,24 @@ def refuse_pipeline(conn: psycopg.Connection[Any]) -> None:
     pipeline's end, and every call here needs its answer before it returns (a claim's
     outcome, a checkpoint's compare-and-swap, a read): refused before anything is sent. Sent,
     a claim would run at the pipeline's end with nobody to act on it, a read would answer
-    "nothing there". Looked at under the connection's lock: psycopg's ``executemany`` (a
-    neighbour's, on a shared connection) holds it for the pipeline it opens itself, so a call
-    waits for that one to end instead of being refused. A caller's own block does not hold
-    the lock between its statements; one opened by another thread between this look and the
+    "nothing there". A pipeline seen is looked at again under the connection's lock:
+    psycopg's ``executemany`` (a neighbour's, on a shared connection) holds it for the
+    pipeline it opens itself, so a call waits for that one to end instead of being refused.
+    The common case (no pipeline) takes no lock here. A caller's own block does not hold the
+    lock between its statements; one opened by another thread between this look and the
     statement is not seen (a narrow race, docs/python.md)."""
-    with conn.lock:
-        if _in_pipeline(conn):
-            raise InvalidArgument(_IN_PIPELINE)
+    if _in_pipeline(conn):
+        with conn.lock:
+            if _in_pipeline(conn):
+                raise InvalidArgument(_IN_PIPELINE)
 
 
 async def arefuse_pipeline(conn: psycopg.AsyncConnection[Any]) -> None:
     """See :func:`refuse_pipeline`."""
-    async with conn.lock:
-        if _in_pipeline(conn):
-            raise InvalidArgument(_IN_PIPELINE)
+    if _in_pipeline(conn):
+        async with conn.lock:
+            if _in_pipeline(conn):
+                raise InvalidArgument(_IN_PIPELINE)
 
 
 def execute_on(conn: psycopg.Connection[Any], query: LiteralString,
