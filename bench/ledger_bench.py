@@ -14,7 +14,7 @@ security path. Four ways to do each operation:
   key (replay), the INSERT alone (claim-only); prepared statements, autocommit.
 * ``0002`` — the same function calls on a second database at revision 0002 (before the trust
   boundary: SECURITY INVOKER functions, row-level security), in the same run.
-* ``sql`` — the driver's named queries (``replaysafe_pg/sql/queries.sql``) calling the ledger functions at
+* ``sql`` — the driver's named queries (``sql/queries.sql``) calling the ledger functions at
   head, prepared, autocommit: what the database costs.
 * ``driver`` — the ``Ledger`` methods at head: adds the Python driver's own work.
 

@@ -35,7 +35,7 @@ Lease: TypeAlias = timedelta | float | int
 
 @dataclass(frozen=True, slots=True)
 class Statement(Generic[T]):
-    """One round trip: the named query from ``replaysafe_pg/sql/queries.sql``, its parameters, and the
+    """One round trip: the named query from ``sql/queries.sql``, its parameters, and the
     decoder of its rows."""
 
     name: str

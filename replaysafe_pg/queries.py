@@ -1,4 +1,4 @@
-"""The driver's SQL, loaded once from ``replaysafe_pg/sql/queries.sql`` (split at ``-- name: ... --``).
+"""The driver's SQL, loaded once from ``sql/queries.sql`` (split at ``-- name: ... --``).
 
 Time-sensitive queries end their call with ``, p_now => %(now)s::timestamptz``. The loader
 derives a second form without that argument, and :func:`get` picks the form from the
@@ -69,5 +69,5 @@ def _file(filename: str) -> dict[str, LiteralString]:
 
 
 def cli(name: str) -> LiteralString:
-    """A query of the command line (``replaysafe_pg/sql/cli.sql``)."""
+    """A query of the command line (``sql/cli.sql``)."""
     return _file("cli.sql")[name]

@@ -2,7 +2,7 @@
 
 Three ways in, one implementation:
 
-* ``alembic upgrade head`` with the project's ``alembic.ini`` (``replaysafe_pg/migrations/env.py`` calls
+* ``alembic upgrade head`` with the project's ``alembic.ini`` (``migrations/env.py`` calls
   :func:`run_from_alembic_env`);
 * ``replaysafe_pg.migrate(dsn)`` from Python;
 * from a user's own alembic ``env.py``: ``replaysafe_pg.migrate_in_env(context)`` inside
@@ -28,8 +28,9 @@ if TYPE_CHECKING:
     from alembic.config import Config
     from sqlalchemy.engine import Connection, Engine
 
+from replaysafe_pg import _sqltree
 from replaysafe_pg._dsn import render_url, sqlalchemy_url
-from replaysafe_pg._paths import migrations_dir, sql_dir
+from replaysafe_pg._paths import migrations_dir
 from replaysafe_pg.errors import AccessDenied, CitusUnavailable, InvalidArgument, translate
 
 SCHEMA = "replaysafe"
@@ -38,19 +39,19 @@ VERSION_TABLE = "alembic_version"
 MIGRATION_LOCK_KEY = 0x7265706C61797361
 
 def schema_sql() -> str:
-    """The whole current schema as one SQL script (``replaysafe_pg/sql/schema.sql``)."""
-    return (sql_dir() / "schema.sql").read_text(encoding="utf-8")
+    """The whole current schema as one SQL script, assembled from the tree (``sql/``)."""
+    return _sqltree.schema_sql()
 
 
 def citus_sql() -> str:
-    """The Citus distribution script (``replaysafe_pg/sql/citus.sql``, docs/scale-out.md): run
-    on a Citus coordinator after the migration, by ``migrate(..., citus=True)``."""
-    return (sql_dir() / "citus.sql").read_text(encoding="utf-8")
+    """The Citus distribution script (``sql/citus.sql``, docs/scale-out.md): run on a Citus
+    coordinator after the migration, by ``migrate(..., citus=True)``."""
+    return _sqltree.read("citus.sql")
 
 
 # The revision citus.sql was written and reviewed for (its guard refuses any other): a new
 # revision must be checked against the Citus script before it can be distributed.
-CITUS_REVISION = "0009"
+CITUS_REVISION = "0010"
 
 
 def expected_citus_objects() -> dict[str, set[str]]:
@@ -77,7 +78,7 @@ def citus_layout() -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 
 def expected_objects() -> dict[str, set[str]]:
-    """What the migration creates in the schema, by kind (read from ``replaysafe_pg/sql/schema.sql``):
+    """What the migration creates in the schema, by kind (read from the tree, ``sql/``):
     ``doctor`` reports anything else, and every function name is expected once."""
     import re
 
@@ -87,27 +88,26 @@ def expected_objects() -> dict[str, set[str]]:
                | {f"{t}_pkey" for t in tables - {VERSION_TABLE}} | {f"{VERSION_TABLE}_pkc"})
     return {
         "table": tables,
-        "view": set(re.findall(r"CREATE VIEW replaysafe\.(\w+)", text)),
+        "view": set(re.findall(r"CREATE (?:OR REPLACE )?VIEW replaysafe\.(\w+)", text)),
         "index": indexes,
-        "function": set(re.findall(r"CREATE FUNCTION replaysafe\.(\w+)\(", text)),
+        "function": set(re.findall(r"CREATE (?:OR REPLACE )?FUNCTION replaysafe\.(\w+)\(", text)),
         "type": set(re.findall(r"CREATE TYPE replaysafe\.(\w+)", text)),
     }
 
 
 def expected_grants() -> set[tuple[str, str, str]]:
-    """``(kind, name, grantee)`` of every privilege ``replaysafe_pg/sql/schema.sql`` grants: EXECUTE on a
+    """``(kind, name, grantee)`` of every privilege ``sql/grants.sql`` grants: EXECUTE on a
     function to a group role, SELECT on a view, USAGE on the schema."""
     import re
 
-    text = schema_sql()
+    text = _sqltree.read("grants.sql")
     block = text[text.index("DO $grants$"):]
     grants: set[tuple[str, str, str]] = set()
-    for names, role in re.findall(r"GRANT EXECUTE ON FUNCTION(.*?)TO (replaysafe_\w+);", block, re.S):
-        grants |= {("function", n, role) for n in re.findall(r"replaysafe\.(\w+)\(", names)}
-    for names, role in re.findall(r"GRANT SELECT ON(.*?)TO (replaysafe_\w+);", block, re.S):
-        grants |= {("view", n, role) for n in re.findall(r"replaysafe\.(\w+)", names)}
-    usage = re.findall(r"GRANT USAGE ON SCHEMA replaysafe TO (\w+);", block)
-    grants |= {("schema", SCHEMA, r) for r in usage}
+    rows = re.findall(r"\(\d+, '(replaysafe_\w+)',\s*ARRAY\[(.*?)\],\s*ARRAY\[(.*?)\]\)", block, re.S)
+    for role, functions, views in rows:
+        grants |= {("function", n, role) for n in re.findall(r"'(\w+)'", functions)}
+        grants |= {("view", n, role) for n in re.findall(r"'(\w+)'", views)}
+        grants.add(("schema", SCHEMA, role))
     return grants
 
 
@@ -161,10 +161,25 @@ def citus_migration_guard(name: str) -> str:
 
 
 def run_revision_sql(revision_file: str, name: str, connection: Connection | None) -> None:
-    """Run a revision's SQL file: on ``connection``, or through alembic's ``op`` (offline);
-    on a Citus-distributed installation, only what :func:`citus_migration_guard` allows."""
-    sql = citus_migration_guard(name) + (
-        Path(revision_file).resolve().parent / name).read_text(encoding="utf-8")
+    """Run a revision's SQL file whole (revisions 0001-0009: their files carry every function
+    body they change): on ``connection``, or through alembic's ``op`` (offline); on a
+    Citus-distributed installation, only what :func:`citus_migration_guard` allows."""
+    _execute_step(citus_migration_guard(name) + (
+        Path(revision_file).resolve().parent / name).read_text(encoding="utf-8"), connection)
+
+
+def run_revision(revision_file: str, name: str, connection: Connection | None, *,
+                 arrives_at: str) -> None:
+    """One step of a revision from 0010 on: its DDL file ``name`` (tables, indexes, dropped
+    signatures, data; no function body), then the function set of the revision the step
+    arrives at — the revision itself when upgrading, its predecessor when downgrading
+    (``replaysafe_pg._sqltree``). One script, so the Citus guard refuses it whole."""
+    ddl = (Path(revision_file).resolve().parent / name).read_text(encoding="utf-8")
+    _execute_step(citus_migration_guard(name) + ddl.rstrip("\n") + "\n\n"
+                  + _sqltree.function_set_of(arrives_at), connection)
+
+
+def _execute_step(sql: str, connection: Connection | None) -> None:
     if connection is None:
         import sqlalchemy as sa
         from alembic import op
@@ -430,7 +445,7 @@ def migrate(target: str | Connection | Engine, revision: str = "head", *,
     may read the revision (a worker, say, with the application's own DSN) may call it.
 
     ``citus=True`` (a Citus coordinator, as the schema owner; docs/scale-out.md): then, in a
-    second transaction, distribute the schema by tenant (``replaysafe_pg/sql/citus.sql``; it
+    second transaction, distribute the schema by tenant (``sql/citus.sql``; it
     skips what is distributed already). Once distributed, an installation takes no revision
     script, up or down (:func:`citus_migration_guard`). A database without
     the ``citus`` extension is refused with :class:`CitusUnavailable` before anything is
@@ -607,7 +622,7 @@ def _print_sql(user_context: Any, spec: str, command: str) -> None:
 
 
 def run_from_alembic_env(context: Any) -> None:
-    """Body of ``replaysafe_pg/migrations/env.py`` (``alembic upgrade head`` with our alembic.ini)."""
+    """Body of ``migrations/env.py`` (``alembic upgrade head`` with our alembic.ini)."""
     import sqlalchemy as sa
 
     config = context.config

@@ -561,7 +561,7 @@ _GRANTED_PRIVILEGE = {"function": "EXECUTE", "view": "SELECT", "schema": "USAGE"
 
 def _privilege_checks(grants: list[dict[str, Any]],
                       defaults: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Privileges other than those replaysafe_pg/sql/schema.sql grants (a GRANT by hand can cross the
+    """Privileges other than those sql/grants.sql grants (a GRANT by hand can cross the
     duties, e.g. resolve_action to the workers), and default privileges that would grant more
     on the schema's next objects."""
     expected = schema.expected_grants()

@@ -15,7 +15,6 @@ import pytest
 from test_migrations import (
     USER_REVISION,
     alembic,
-    new_db,  # noqa: F401  (a fixture)
     pg_tool,
     schema_dump,
     user_url,
@@ -154,7 +153,7 @@ def test_only_upgrade_moves_replaysafe_and_x_replaysafe_downgrades_it(
 
 
 def test_offline_sql_from_a_users_env_includes_replaysafe(
-        tmp_path: Path, empty_dsn: str, new_db: Callable[[], str]) -> None:  # noqa: F811
+        tmp_path: Path, empty_dsn: str, new_db: Callable[[], str]) -> None:
     migrated = new_db()
     replaysafe_pg.migrate(migrated)
     ini = user_env(tmp_path, SYNC_ENV)

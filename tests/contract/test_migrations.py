@@ -1,4 +1,4 @@
-"""Migrations: replaysafe_pg/sql/schema.sql and the alembic chain build the same schema; up → down → up;
+"""Migrations: the whole schema of the tree (sql/) and the alembic chain build the same schema; up → down → up;
 concurrent migrators; the alembic CLI (online and --sql); a user's own alembic env."""
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ import subprocess
 import sys
 import textwrap
 import traceback
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,24 +40,6 @@ def pg_tool(name: str) -> str:
     if found is None:
         pytest.skip(f"{name} not found")
     return found
-
-
-@pytest.fixture
-def new_db(admin_dsn: str) -> Iterator[Callable[[], str]]:
-    """Make empty databases (dropped afterwards); returns their DSNs."""
-    made: list[str] = []
-
-    def make() -> str:
-        name = f"rs_m_{uuid.uuid4().hex[:10]}"
-        with psycopg.connect(admin_dsn, autocommit=True) as c:
-            c.execute(f'CREATE DATABASE "{name}"')
-        made.append(name)
-        return pg_conninfo.make_conninfo(admin_dsn, dbname=name)
-
-    yield make
-    with psycopg.connect(admin_dsn, autocommit=True) as c:
-        for name in made:
-            c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def schema_dump(dsn: str) -> str:
@@ -95,7 +76,7 @@ def versions(dsn: str, table: str = "replaysafe.alembic_version") -> list[str]:
         return [r[0] for r in c.execute(f"SELECT version_num FROM {table}")]
 
 
-# --- (a) schema.sql == alembic ----------------------------------------------------------------
+# --- (a) the tree == alembic ----------------------------------------------------------------
 
 def test_schema_sql_equals_alembic_chain(new_db: Callable[[], str], reference_dump: str) -> None:
     migrated = new_db()

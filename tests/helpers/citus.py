@@ -1,5 +1,5 @@
 """Stand-ins for Citus (it cannot be installed here: no package for it): the functions and
-catalogs ``replaysafe_pg/sql/citus.sql`` calls and reads, created in ``pg_catalog`` of a
+catalogs ``sql/citus.sql`` calls and reads, created in ``pg_catalog`` of a
 test database with Citus's exact signatures, recording every call in
 ``citus_standin.calls``.
 

@@ -1,5 +1,5 @@
 """docs/scale-out.md: replaysafe on Citus, tested here without Citus (it cannot be installed on
-these machines: no package for it). ``replaysafe_pg/sql/citus.sql`` runs against a migrated
+these machines: no package for it). ``sql/citus.sql`` runs against a migrated
 database holding stand-ins with Citus's exact signatures (tests/helpers/citus.py) that record
 every call; the catalog is checked for what ``create_distributed_table`` requires; the
 driver's statements are checked against Citus's rule for delegating a call. What only a
@@ -240,21 +240,22 @@ def test_a_distributed_installation_takes_no_revision_script(citus_db: str, conn
     """The security review's F1: a revision script run on a distributed installation would
     re-create _caller/_reader with role-OID lookups (wrong on a worker node). Every script,
     up or down, is refused before it changes anything."""
+    head, previous = schema.head_revision(), schema.revisions()[-2].revision
     before = _snapshot(conn)
     with pytest.raises(CitusUnavailable, match=r"distributed with Citus.*downgrading revision "
-                       r"0009 is refused, nothing was changed"):
-        replaysafe_pg.downgrade(citus_db, "0008")
-    for name in ("0010_next.sql", "0009_again.sql"):
+                       rf"{head} is refused, nothing was changed"):
+        replaysafe_pg.downgrade(citus_db, previous)
+    for name in (f"{int(head) + 1:04d}_next.sql", f"{head}_again.sql"):
         with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState,
                            match=f"upgrading to revision {name[:4]} is refused"):
             _run_revision(citus_db, tmp_path, name, NEXT_REVISION)
     # Undistributed by hand (Citus's catalog forgets the tables): the per-node lookups that
     # citus.sql installed are still there, and so is the refusal.
     conn.execute("DELETE FROM pg_catalog.pg_dist_partition")
-    with pytest.raises(CitusUnavailable, match="downgrading revision 0009 is refused"):
-        replaysafe_pg.downgrade(citus_db, "0008")
+    with pytest.raises(CitusUnavailable, match=f"downgrading revision {head} is refused"):
+        replaysafe_pg.downgrade(citus_db, previous)
     assert _snapshot(conn) == before
-    assert replaysafe_pg.current_revision(citus_db) == "0009"
+    assert replaysafe_pg.current_revision(citus_db) == head
     replaysafe_pg.migrate(citus_db)  # at the head already: no script runs, nothing refused
 
 
@@ -276,7 +277,7 @@ def test_the_revision_guard_lets_an_undistributed_installation_through(
             conn.execute(schema.citus_migration_guard("0010_next.sql"))
         conn.execute("DELETE FROM pg_catalog.pg_dist_partition "
                      "WHERE logicalrelid = 'replaysafe.actions'::regclass")
-    _run_revision(dsn, tmp_path, "0010_next.sql", NEXT_REVISION)
+    _run_revision(dsn, tmp_path, f"{int(schema.head_revision()) + 1:04d}_next.sql", NEXT_REVISION)
     assert conn.execute("SELECT to_regclass('replaysafe.next_rows') IS NOT NULL").fetchone() == (True,)
     replaysafe_pg.downgrade(dsn, "0006")  # an undistributed installation downgrades as before
     assert replaysafe_pg.current_revision(dsn) == "0006"

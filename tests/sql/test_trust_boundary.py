@@ -639,7 +639,7 @@ def test_the_cli_and_the_driver_never_resolve_through_a_hostile_search_path(
     with psycopg.connect(world, autocommit=True) as owner:
         owner.execute(f'GRANT CREATE ON SCHEMA public TO "{attacker}"')
         owner.execute(f'GRANT USAGE ON TYPE replaysafe.action_state TO "{attacker}"')
-    text = "\n".join((ROOT / "replaysafe_pg" / "sql" / f).read_text() for f in ("cli.sql", "queries.sql"))
+    text = "\n".join((ROOT / "sql" / f).read_text() for f in ("cli.sql", "queries.sql"))
     names = {m.group(1).lower() for m in re.finditer(r"([a-z_][a-z0-9_]*)\s*\(", text, re.IGNORECASE)}
     try:
         assert {"cardinality", "unnest", "count", "now"} <= names

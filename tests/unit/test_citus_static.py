@@ -1,4 +1,4 @@
-"""replaysafe_pg/sql/citus.sql without a database: the revision it was written for, and the
+"""sql/citus.sql without a database: the revision it was written for, and the
 Citus signatures it cites (the ones the stand-ins of tests/helpers/citus.py implement)."""
 
 from __future__ import annotations

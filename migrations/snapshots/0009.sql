@@ -1,221 +1,15 @@
--- replaysafe: the action ledger, versioned thread state, tenant bindings and the trust
--- boundary, as one reviewable script (the alembic chain in migrations/ builds the same).
---
--- The trust boundary (docs/isolation.md): the functions are the only way in. They are
--- SECURITY DEFINER, owned by the schema owner, and every one pins its search_path to
--- pg_catalog, pg_temp, so nothing in a body resolves through the caller's search_path (a
--- hostile function, operator or type in public or pg_temp changes nothing). No group role
--- holds any privilege on a table or on a private helper (a name starting with "_").
--- Deliberate errors use SQLSTATE class RS (RS001..RS006, see docs/errors.md).
-
--- Every name below is resolved in pg_catalog first, for the rest of this transaction.
+-- replaysafe's function set: every function, view and privilege of the schema (sql/functions,
+-- sql/views, sql/grants.sql), applied whole after a revision's DDL.
 SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
+SELECT pg_catalog.set_config('replaysafe.outer_check_function_bodies',
+                             pg_catalog.current_setting('check_function_bodies'), true);
+SELECT pg_catalog.set_config('check_function_bodies', 'off', true);
 
-CREATE SCHEMA IF NOT EXISTS replaysafe;
-COMMENT ON SCHEMA replaysafe IS 'replaysafe_pg: action ledger and versioned thread state';
+-- Argument checks and errors shared by every function: private helpers (SECURITY INVOKER:
+-- only the definer functions, running as the owner, may call them). Deliberate errors use
+-- SQLSTATE class RS (RS001..RS006, see docs/errors.md).
 
--- Group roles, created only where the migrating role may create roles. Roles are
--- cluster-wide, so another database may have created them already.
-DO $roles$
-DECLARE
-    r text;
-BEGIN
-    IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = current_user
-               AND (rolsuper OR rolcreaterole)) THEN
-        FOREACH r IN ARRAY ARRAY['replaysafe_worker', 'replaysafe_operator', 'replaysafe_auditor'] LOOP
-            BEGIN
-                IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = r) THEN
-                    EXECUTE pg_catalog.format('CREATE ROLE %I NOLOGIN', r);
-                END IF;
-            EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
-            END;
-        END LOOP;
-    END IF;
-END
-$roles$;
-
-CREATE TYPE replaysafe.action_state AS ENUM ('running', 'succeeded', 'failed', 'retryable', 'unknown');
-
--- ---------------------------------------------------------------------------------------
--- Private tables (no role but the owner holds any privilege on them)
--- ---------------------------------------------------------------------------------------
-
--- Bound by role OID: a renamed role keeps its tenant, a dropped and re-created one (same
--- name, new OID) gets none. role_name is the name at binding time, for people.
-CREATE TABLE replaysafe.role_bindings (
-    role_name  text NOT NULL,
-    tenant_id  text NOT NULL,
-    bound_at   timestamptz NOT NULL DEFAULT now(),
-    role_oid   oid NOT NULL,
-    CONSTRAINT role_bindings_pkey PRIMARY KEY (role_oid)
-);
-
--- The installation's secret: it salts the derived idempotency keys (and so the wake-up
--- payloads), so nobody who lacks it can confirm a guessed (tenant, key) pair.
-CREATE TABLE replaysafe.installation (
-    id         boolean PRIMARY KEY DEFAULT true CHECK (id),
-    key_secret bytea NOT NULL CHECK (length(key_secret) >= 16),
-    created_at timestamptz NOT NULL DEFAULT now()
-);
--- 244 random bits from the server's strong random source (no extension needed).
-INSERT INTO replaysafe.installation (key_secret)
-VALUES (decode(replace(gen_random_uuid()::text || gen_random_uuid()::text, '-', ''), 'hex'));
-
-CREATE TABLE replaysafe.actions (
-    tenant_id          text NOT NULL,
-    action_key         text NOT NULL,
-    thread_id          text,
-    operation          text NOT NULL,
-    request            jsonb NOT NULL,
-    state              replaysafe.action_state NOT NULL,
-    attempt            integer NOT NULL,
-    on_expired         text NOT NULL CHECK (on_expired IN ('unknown', 'reclaim')),
-    idempotency_key    text NOT NULL,
-    worker_id          text NOT NULL,
-    lease_expires_at   timestamptz NOT NULL,
-    -- Someone is waiting (LISTEN) for the current attempt to leave "running".
-    has_waiters        boolean NOT NULL DEFAULT false,
-    result             jsonb,
-    error              jsonb,
-    provider_reference text,
-    resolution_note    text,
-    created_at         timestamptz NOT NULL,
-    updated_at         timestamptz NOT NULL,
-    completed_at       timestamptz,
-    resolved_at        timestamptz,
-    -- The claim token of the current attempt (SPEC §2): a claim repeating it while that
-    -- attempt runs under a live lease gets the claim's lost answer again. Written with the
-    -- claim itself (no extra write); never compared once the attempt left "running".
-    claim_token        text,
-    PRIMARY KEY (tenant_id, action_key)
-);
-
--- sweep_expired_actions and unresolved_actions: only running rows, ordered by lease.
-CREATE INDEX actions_running_lease_idx ON replaysafe.actions (lease_expires_at)
-    WHERE state = 'running';
--- A tenant's sweep: its own expired leases only (running rows are few: in flight or stuck).
-CREATE INDEX actions_tenant_running_lease_idx ON replaysafe.actions (tenant_id, lease_expires_at)
-    WHERE state = 'running';
--- purge_actions: only terminal rows, oldest first.
-CREATE INDEX actions_terminal_completed_idx ON replaysafe.actions (completed_at)
-    WHERE state IN ('succeeded', 'failed');
--- A tenant's purge: its own old actions only.
-CREATE INDEX actions_tenant_terminal_completed_idx ON replaysafe.actions (tenant_id, completed_at)
-    WHERE state IN ('succeeded', 'failed');
--- unresolved_actions and reconciliation: a tenant's unknown rows, oldest first, without a scan.
-CREATE INDEX actions_unknown_idx ON replaysafe.actions (tenant_id, updated_at)
-    WHERE state = 'unknown';
-
-CREATE TABLE replaysafe.action_attempts (
-    tenant_id          text NOT NULL,
-    action_key         text NOT NULL,
-    attempt            integer NOT NULL,
-    worker_id          text NOT NULL,
-    claimed_at         timestamptz NOT NULL,
-    ended_at           timestamptz,
-    outcome            replaysafe.action_state,
-    -- The attempt's report did not reach the action (a newer attempt or a final outcome won).
-    superseded         boolean NOT NULL DEFAULT false,
-    result             jsonb,
-    error              jsonb,
-    provider_reference text,
-    PRIMARY KEY (tenant_id, action_key, attempt)
-);
-
-CREATE TYPE replaysafe.claim_record AS (
-    outcome            text,
-    state              replaysafe.action_state,
-    attempt            integer,
-    lease_expires_at   timestamptz,
-    result             jsonb,
-    error              jsonb,
-    idempotency_key    text,
-    provider_reference text
-);
-
--- The 2 KB state is written once per version (in thread_versions); the head row in threads
--- holds only the counter, the owner and the pruning bookkeeping, so its updates are small
--- and HOT (no indexed column changes).
-CREATE TABLE replaysafe.threads (
-    tenant_id     text NOT NULL,
-    thread_id     text NOT NULL,
-    -- The owner for good (also across delete); NULL: shared within the tenant.
-    user_id       text,
-    -- Current version: of the newest state, or of the tombstone when deleted.
-    version       bigint NOT NULL CHECK (version >= 1),
-    history_limit integer NOT NULL CHECK (history_limit >= 1),
-    -- No thread_versions row below this version exists: pruning deletes the range
-    -- [oldest_kept, new version - history_limit] and never scans what it deleted before.
-    oldest_kept   bigint NOT NULL,
-    deleted       boolean NOT NULL DEFAULT false,
-    created_at    timestamptz NOT NULL,
-    updated_at    timestamptz NOT NULL,
-    PRIMARY KEY (tenant_id, thread_id)
-) WITH (fillfactor = 80);  -- room on the page for HOT updates of the head row
-
-CREATE TABLE replaysafe.thread_versions (
-    tenant_id  text NOT NULL,
-    thread_id  text NOT NULL,
-    version    bigint NOT NULL,
-    state      jsonb NOT NULL,
-    created_at timestamptz NOT NULL,
-    PRIMARY KEY (tenant_id, thread_id, version)
-);
-
-CREATE TYPE replaysafe.thread_record AS (
-    version    bigint,
-    state      jsonb,
-    updated_at timestamptz
-);
-
--- ---------------------------------------------------------------------------------------
--- Who is calling a function. Inside a SECURITY DEFINER function current_user is the owner,
--- so the functions read the caller from the session: the role set by SET ROLE, else the
--- login (session_user). A session's tenant is its current role's binding, else its
--- login's: SET ROLE to an unbound role (a group role, say) never widens what a bound login
--- may see or do.
--- ---------------------------------------------------------------------------------------
-
--- Are we inside a security-restricted operation (an index expression, ANALYZE, REINDEX,
--- CLUSTER, REFRESH MATERIALIZED VIEW, autovacuum)? There the code that runs is the table
--- owner's, while the session's roles (what the functions read) are whoever runs the
--- maintenance: a superuser, autovacuum, or another tenant's login. The functions then act
--- for nobody (about 2.5 us a call, the price of knowing).
--- Postgres refuses DEALLOCATE there (42501) and says a statement does not exist elsewhere.
-CREATE FUNCTION replaysafe._in_restricted_operation()
-RETURNS boolean
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    DEALLOCATE replaysafe_probe_no_such_statement;  -- static: parsed once a session
-    RETURN false;  -- only if someone prepared a statement of that name
-EXCEPTION
-    WHEN insufficient_privilege THEN RETURN true;
-    WHEN invalid_sql_statement_name THEN RETURN false;
-END
-$$;
-
-CREATE VIEW replaysafe._caller AS
-SELECT r.role_name,
-       CASE WHEN replaysafe._in_restricted_operation() THEN NULL  -- see the function
-            -- to_regrole: a syscache probe (pg_roles is a view that costs ~6 us to join)
-            ELSE coalesce(
-                (SELECT b.tenant_id FROM replaysafe.role_bindings b
-                 WHERE b.role_oid = to_regrole(quote_ident(r.role_name))::oid),
-                (SELECT b.tenant_id FROM replaysafe.role_bindings b
-                 WHERE b.role_oid = to_regrole(quote_ident(r.login_name))::oid)) END
-           AS tenant_id
-FROM (SELECT CASE WHEN current_setting('role') = 'none' THEN session_user::text
-                  ELSE current_setting('role') END AS role_name,
-             session_user::text AS login_name) r;
-
--- ---------------------------------------------------------------------------------------
--- Private helpers (SECURITY INVOKER: only the definer functions, running as the owner,
--- may call them)
--- ---------------------------------------------------------------------------------------
-
-CREATE FUNCTION replaysafe._raise(p_sqlstate text, p_message text, p_detail text DEFAULT NULL)
+CREATE OR REPLACE FUNCTION replaysafe._raise(p_sqlstate text, p_message text, p_detail text DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -228,7 +22,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION replaysafe._invalid(p_name text, p_rule text)
+CREATE OR REPLACE FUNCTION replaysafe._invalid(p_name text, p_rule text)
 RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -241,7 +35,7 @@ $$;
 -- Every id (tenant, action key, thread, user, worker, operation, claim token): non-empty
 -- text of at most 512 characters and 1,024 bytes. The public functions test the valid case
 -- inline (no call) and call this only to name the offending argument.
-CREATE FUNCTION replaysafe._check_id(p_name text, p_value text, p_nullable boolean DEFAULT false)
+CREATE OR REPLACE FUNCTION replaysafe._check_id(p_name text, p_value text, p_nullable boolean DEFAULT false)
 RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -259,76 +53,13 @@ BEGIN
 END
 $$;
 
--- The caller's wider rights, for the functions (never needed on a bound caller's hot path).
--- It is the owner when it is the schema owner or an explicit member of it (pg_auth_members:
--- unlike pg_has_role(), a superuser is not a member of every role, so an unbound superuser
--- that is not the schema owner acts for no tenant), and not inside a security-restricted
--- operation; unbound, the owner acts for every tenant; the owner and replaysafe_operator
--- members may pass a p_now far from the clock. (No parameters, no pg_roles: one cached plan,
--- syscache probes.)
-CREATE VIEW replaysafe._caller_scope AS
-WITH RECURSIVE
-    owners(roleid) AS (
-        SELECT n.nspowner FROM pg_namespace n WHERE n.nspname = 'replaysafe'
-        UNION
-        SELECT a.member FROM pg_auth_members a JOIN owners o ON a.roleid = o.roleid),
-    operators(roleid) AS (
-        SELECT to_regrole('replaysafe_operator')::oid
-        UNION
-        SELECT a.member FROM pg_auth_members a JOIN operators o ON a.roleid = o.roleid),
-    me AS (
-        SELECT c.role_name, c.tenant_id, to_regrole(quote_ident(c.role_name))::oid AS role_oid,
-               replaysafe._in_restricted_operation() AS restricted
-        FROM replaysafe._caller c)
-SELECT me.role_name, me.tenant_id, s.is_owner,
-       me.tenant_id IS NULL AND s.is_owner AS acts_for_all,
-       s.is_owner OR (NOT me.restricted AND me.role_oid IN (SELECT o.roleid FROM operators o))
-           AS owner_or_operator
-FROM me
-CROSS JOIN LATERAL (SELECT NOT me.restricted AND me.role_oid IN (SELECT o.roleid FROM owners o)
-                        AS is_owner) s;
-
--- Who is reading a view: a view does not switch user, so current_user is the reader (in a
--- security-restricted operation, the code's owner, not the session's login). Its tenant is
--- its binding, else its login's; unbound, it reads every tenant when it is a member of the
--- schema owner or of replaysafe_auditor. (Pure SQL: a view may call no private helper.)
-CREATE VIEW replaysafe._reader AS
-SELECT r.tenant_id,
-       CASE WHEN r.tenant_id IS NOT NULL THEN false
-            -- A group role itself never reads every tenant: code a tenant made it own (after
-            -- SET ROLE) may run in anyone's session.
-            WHEN current_user IN ('replaysafe_worker', 'replaysafe_operator', 'replaysafe_auditor')
-                THEN false
-            ELSE pg_has_role(current_user, n.nspowner, 'USAGE')
-                 OR EXISTS (SELECT 1 FROM pg_roles a WHERE a.rolname = 'replaysafe_auditor'
-                            AND pg_has_role(current_user, a.oid, 'USAGE')) END AS reads_all
-FROM (SELECT coalesce(
-          (SELECT b.tenant_id FROM replaysafe.role_bindings b
-           WHERE b.role_oid = to_regrole(quote_ident(current_user))::oid),
-          -- The login's binding only when current_user is the session's own current role
-          -- (SET ROLE never widens): not for code of another owner running in this session
-          -- (an index expression analyzed here, a definer function).
-          (SELECT b.tenant_id FROM replaysafe.role_bindings b
-           WHERE b.role_oid = to_regrole(quote_ident(session_user))::oid
-             AND current_user::text = CASE WHEN current_setting('role') = 'none'
-                                           THEN session_user::text
-                                           ELSE current_setting('role') END))
-          AS tenant_id) r,
-     pg_namespace n
-WHERE n.nspname = 'replaysafe'
-  -- Always true, and parallel unsafe: no query through the views starts parallel workers.
-  -- They cost ~15 ms of start-up at 1 M actions and more, against ~2 ms for a tenant's rows,
-  -- and the planner, counting every tenant's rows in the readers-of-everything branch,
-  -- would start them for any aggregate over a tenant.
-  AND pg_current_xact_id_if_assigned() IS DISTINCT FROM '0'::xid8;
-
 -- Slow path of the time checks: p_now is NULL, not finite, outside the years a client can
 -- represent, in the future, or more than 5 minutes before the database clock. Returns the
 -- time the call uses. Only the schema owner and replaysafe_operator members may move time:
 -- from anyone else a time more than 5 minutes away is refused, and a time in the future
 -- (within those 5 minutes: client clocks drift) is taken as the clock, so a worker can never
 -- expire or re-claim another caller's lease early.
-CREATE FUNCTION replaysafe._check_now(p_now timestamptz)
+CREATE OR REPLACE FUNCTION replaysafe._check_now(p_now timestamptz)
 RETURNS timestamptz
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -359,9 +90,39 @@ BEGIN
 END
 $$;
 
+-- ---------------------------------------------------------------------------------------
+-- Who is calling a function. Inside a SECURITY DEFINER function current_user is the owner,
+-- so the functions read the caller from the session: the role set by SET ROLE, else the
+-- login (session_user). A session's tenant is its current role's binding, else its
+-- login's: SET ROLE to an unbound role (a group role, say) never widens what a bound login
+-- may see or do.
+-- ---------------------------------------------------------------------------------------
+--
+-- The views that answer who is calling are in sql/views/caller.sql.
+
+-- Are we inside a security-restricted operation (an index expression, ANALYZE, REINDEX,
+-- CLUSTER, REFRESH MATERIALIZED VIEW, autovacuum)? There the code that runs is the table
+-- owner's, while the session's roles (what the functions read) are whoever runs the
+-- maintenance: a superuser, autovacuum, or another tenant's login. The functions then act
+-- for nobody (about 2.5 us a call, the price of knowing).
+-- Postgres refuses DEALLOCATE there (42501) and says a statement does not exist elsewhere.
+CREATE OR REPLACE FUNCTION replaysafe._in_restricted_operation()
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    DEALLOCATE replaysafe_probe_no_such_statement;  -- static: parsed once a session
+    RETURN false;  -- only if someone prepared a statement of that name
+EXCEPTION
+    WHEN insufficient_privilege THEN RETURN true;
+    WHEN invalid_sql_statement_name THEN RETURN false;
+END
+$$;
+
 -- RS004 unless the caller may act for p_tenant_id: its own tenant when bound; any tenant
 -- for the unbound schema owner (see _caller_scope); nothing for anyone else.
-CREATE FUNCTION replaysafe._acts_for(p_tenant_id text)
+CREATE OR REPLACE FUNCTION replaysafe._acts_for(p_tenant_id text)
 RETURNS void
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -401,25 +162,11 @@ BEGIN
 END
 $$;
 
--- The derived idempotency key: fixed length (68 characters), salted with the installation's
--- secret (nested hash, so no length extension), the tenant length-prefixed so no two
--- (tenant, key) pairs collide by concatenation. Owner only: the key reaches a caller only in
--- the answer to its own claim.
-CREATE FUNCTION replaysafe.idempotency_key(p_tenant_id text, p_action_key text)
-RETURNS text
-LANGUAGE sql STABLE STRICT
-SET search_path = pg_catalog, pg_temp
-AS $$
-    SELECT 'rs2_' || encode(sha256(i.key_secret || sha256(i.key_secret || convert_to(
-        length(p_tenant_id)::text || ':' || p_tenant_id || p_action_key, 'UTF8'))), 'hex')
-    FROM replaysafe.installation i
-$$;
-
 -- ---------------------------------------------------------------------------------------
 -- Tenant bindings (schema owner only)
 -- ---------------------------------------------------------------------------------------
 
-CREATE FUNCTION replaysafe.bind_role_to_tenant(p_role text, p_tenant_id text)
+CREATE OR REPLACE FUNCTION replaysafe.bind_role_to_tenant(p_role text, p_tenant_id text)
 RETURNS void
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -445,7 +192,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION replaysafe.unbind_role(p_role text)
+CREATE OR REPLACE FUNCTION replaysafe.unbind_role(p_role text)
 RETURNS boolean
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -467,28 +214,42 @@ END
 $$;
 
 -- ---------------------------------------------------------------------------------------
--- The action ledger
+-- The installed revision, for every replaysafe role (doctor, `migrate current`). The
+-- version table is alembic's; without it (this script run by hand) the answer is NULL.
 -- ---------------------------------------------------------------------------------------
 
--- The first attempt of an action has no row in action_attempts while the action row says
--- all there is to say about it: a claim writes one row, its report updates one row (issue 12:
--- the extra row cost a third of a claim+complete's WAL). Its row is written, from the action
--- row, by _keep_first_attempt before anything but that attempt's own report changes the
--- action (expiry, a second attempt, an operator's resolve or reopen, a late or superseded
--- report); until then the audit view shows the row derived here (action_attempts_v).
-CREATE VIEW replaysafe._first_attempts AS
-SELECT x.tenant_id, x.action_key, x.attempt, x.worker_id, x.created_at AS claimed_at,
-       CASE WHEN x.state <> 'running' THEN x.updated_at END AS ended_at,
-       CASE WHEN x.state <> 'running' THEN x.state END AS outcome,
-       false AS superseded, x.error, x.result, x.provider_reference
-FROM replaysafe.actions x
-WHERE x.attempt = 1
-  AND NOT EXISTS (SELECT 1 FROM replaysafe.action_attempts t
-                  WHERE t.tenant_id = x.tenant_id AND t.action_key = x.action_key
-                    AND t.attempt = 1);
+CREATE OR REPLACE FUNCTION replaysafe.installed_revision() RETURNS text
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+BEGIN
+    -- One row on a linear chain; the version table is created by alembic, not by this
+    -- script, so the name is resolved at call time.
+    RETURN (SELECT pg_catalog.string_agg(v.version_num::text, ' ' ORDER BY v.version_num)
+            FROM replaysafe.alembic_version v);
+EXCEPTION WHEN undefined_table THEN
+    RETURN NULL;
+END
+$$;
+
+-- The action ledger: claims, and the attempts they start.
+
+-- The derived idempotency key: fixed length (68 characters), salted with the installation's
+-- secret (nested hash, so no length extension), the tenant length-prefixed so no two
+-- (tenant, key) pairs collide by concatenation. Owner only: the key reaches a caller only in
+-- the answer to its own claim.
+CREATE OR REPLACE FUNCTION replaysafe.idempotency_key(p_tenant_id text, p_action_key text)
+RETURNS text
+LANGUAGE sql STABLE STRICT
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT 'rs2_' || encode(sha256(i.key_secret || sha256(i.key_secret || convert_to(
+        length(p_tenant_id)::text || ':' || p_tenant_id || p_action_key, 'UTF8'))), 'hex')
+    FROM replaysafe.installation i
+$$;
 
 -- The caller holds the action's row lock.
-CREATE FUNCTION replaysafe._keep_first_attempt(p_tenant_id text, p_action_key text)
+CREATE OR REPLACE FUNCTION replaysafe._keep_first_attempt(p_tenant_id text, p_action_key text)
 RETURNS void
 LANGUAGE sql
 SET search_path = pg_catalog, pg_temp
@@ -508,7 +269,7 @@ $$;
 -- A replay or an "unknown" answer reads one row without locking and writes nothing.
 -- p_claim_token: a claim that repeats the token of the running attempt (its first answer was
 -- lost) answers "claimed" again with that attempt and lease while the lease is live.
-CREATE FUNCTION replaysafe.claim_action(
+CREATE OR REPLACE FUNCTION replaysafe.claim_action(
     p_tenant_id   text,
     p_action_key  text,
     p_operation   text,
@@ -627,7 +388,7 @@ END
 $$;
 
 -- The part of a claim that must change the row: waiters, expired leases, retries.
-CREATE FUNCTION replaysafe._claim_locked(
+CREATE OR REPLACE FUNCTION replaysafe._claim_locked(
     p_tenant_id text, p_action_key text, p_operation text, p_request jsonb,
     p_worker_id text, p_lease interval, p_thread_id text, p_on_expired text, p_now timestamptz,
     p_claim_token text)
@@ -700,7 +461,7 @@ $$;
 
 -- Close an attempt whose lease ran out without a report, and wake its waiters.
 -- The caller holds the action's row lock and moves the action out of "running".
-CREATE FUNCTION replaysafe._expire_attempt(a replaysafe.actions, p_now timestamptz)
+CREATE OR REPLACE FUNCTION replaysafe._expire_attempt(a replaysafe.actions, p_now timestamptz)
 RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -723,7 +484,7 @@ $$;
 
 -- Array variant for the parallel tool calls of one model turn: one round trip, results in
 -- input order. Keys are claimed in sorted order so two overlapping batches cannot deadlock.
-CREATE FUNCTION replaysafe.claim_actions(
+CREATE OR REPLACE FUNCTION replaysafe.claim_actions(
     p_tenant_id   text,
     p_action_keys text[],
     p_operations  text[],
@@ -779,7 +540,10 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION replaysafe.heartbeat_action(
+-- The action ledger: what the attempt that holds a lease reports (heartbeats, complete, fail,
+-- mark unknown).
+
+CREATE OR REPLACE FUNCTION replaysafe.heartbeat_action(
     p_tenant_id  text,
     p_action_key text,
     p_attempt    integer,
@@ -837,7 +601,7 @@ $$;
 -- recorded: the action was running under this attempt. late: it is still on this attempt
 -- but left running without a final report (expiry, or the attempt said unknown).
 -- superseded: a newer attempt or a final outcome exists; kept on the attempt row only.
-CREATE FUNCTION replaysafe._report(
+CREATE OR REPLACE FUNCTION replaysafe._report(
     p_tenant_id          text,
     p_action_key         text,
     p_attempt            integer,
@@ -944,7 +708,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION replaysafe.complete_action(
+CREATE OR REPLACE FUNCTION replaysafe.complete_action(
     p_tenant_id          text,
     p_action_key         text,
     p_attempt            integer,
@@ -965,7 +729,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION replaysafe.fail_action(
+CREATE OR REPLACE FUNCTION replaysafe.fail_action(
     p_tenant_id  text,
     p_action_key text,
     p_attempt    integer,
@@ -990,7 +754,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION replaysafe.mark_action_unknown(
+CREATE OR REPLACE FUNCTION replaysafe.mark_action_unknown(
     p_tenant_id  text,
     p_action_key text,
     p_attempt    integer,
@@ -1010,10 +774,13 @@ BEGIN
 END
 $$;
 
+-- The action ledger: operators' duties (reconciliation, reopening) and the shared machinery
+-- (sweeping expired leases, purging old actions).
+
 -- Reconciliation (replaysafe_operator): decide what an unknown action became. With
 -- p_expected_attempt, only while the action is still on that attempt (a stale lookup never
 -- settles a newer attempt).
-CREATE FUNCTION replaysafe.resolve_action(
+CREATE OR REPLACE FUNCTION replaysafe.resolve_action(
     p_tenant_id          text,
     p_action_key         text,
     p_state              text,
@@ -1086,7 +853,7 @@ $$;
 
 -- An operator's decision that a failed action may run again (it failed on a bug since
 -- fixed, say): it becomes retryable; the note and the time stay on the action.
-CREATE FUNCTION replaysafe.reopen_action(
+CREATE OR REPLACE FUNCTION replaysafe.reopen_action(
     p_tenant_id  text,
     p_action_key text,
     p_note       text,
@@ -1136,7 +903,7 @@ $$;
 -- Expired running leases become unknown (or retryable under on_expired = 'reclaim'), for
 -- the caller's tenant (every tenant for the unbound schema owner). Rows locked by a
 -- concurrent claim or report are skipped: that caller decides them.
-CREATE FUNCTION replaysafe.sweep_expired_actions(
+CREATE OR REPLACE FUNCTION replaysafe.sweep_expired_actions(
     p_limit integer     DEFAULT 1000,
     p_now   timestamptz DEFAULT clock_timestamp())
 RETURNS integer
@@ -1217,7 +984,7 @@ $$;
 -- caller's tenant (every tenant for the unbound schema owner). Batched by p_limit; never
 -- touches running, unknown or retryable actions. replaysafe_operator only: once purged, a
 -- key would run again.
-CREATE FUNCTION replaysafe.purge_actions(
+CREATE OR REPLACE FUNCTION replaysafe.purge_actions(
     p_older_than interval,
     p_limit      integer     DEFAULT 10000,
     p_now        timestamptz DEFAULT clock_timestamp())
@@ -1294,7 +1061,7 @@ $$;
 -- ---------------------------------------------------------------------------------------
 
 -- Slow path of the thread functions' argument check: name the offending argument.
-CREATE FUNCTION replaysafe._check_thread_args(p_tenant_id text, p_thread_id text, p_user_id text)
+CREATE OR REPLACE FUNCTION replaysafe._check_thread_args(p_tenant_id text, p_thread_id text, p_user_id text)
 RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -1307,7 +1074,7 @@ END
 $$;
 
 -- One message for every ownership refusal: it names neither the owner nor the version.
-CREATE FUNCTION replaysafe._deny_thread()
+CREATE OR REPLACE FUNCTION replaysafe._deny_thread()
 RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -1317,7 +1084,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION replaysafe._stale_thread(p_thread_id text, p_expected bigint, p_current bigint)
+CREATE OR REPLACE FUNCTION replaysafe._stale_thread(p_thread_id text, p_expected bigint, p_current bigint)
 RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -1333,7 +1100,7 @@ $$;
 
 -- Latest state: (0, NULL, NULL) when the thread was never written; (tombstone version,
 -- NULL, deleted at) after delete_thread. Always exactly one row.
-CREATE FUNCTION replaysafe.read_thread(
+CREATE OR REPLACE FUNCTION replaysafe.read_thread(
     p_tenant_id text,
     p_thread_id text,
     p_user_id   text DEFAULT NULL)
@@ -1386,7 +1153,7 @@ $$;
 -- Returns the new version; RS003 when another write (or delete) got there first.
 -- Prunes versions that fall outside the history limit: at most one row per write in the
 -- steady state, the difference once when the limit is lowered.
-CREATE FUNCTION replaysafe.write_thread(
+CREATE OR REPLACE FUNCTION replaysafe.write_thread(
     p_tenant_id        text,
     p_thread_id        text,
     p_expected_version bigint,
@@ -1487,7 +1254,7 @@ END
 $$;
 
 -- Kept versions, newest first (at most p_limit). Empty for an absent or deleted thread.
-CREATE FUNCTION replaysafe.thread_history(
+CREATE OR REPLACE FUNCTION replaysafe.thread_history(
     p_tenant_id text,
     p_thread_id text,
     p_user_id   text    DEFAULT NULL,
@@ -1532,7 +1299,7 @@ $$;
 
 -- Removes the state and its history; the head row stays as a tombstone one version up, so
 -- the counter is never reused and the owner is kept. False for an absent or deleted thread.
-CREATE FUNCTION replaysafe.delete_thread(
+CREATE OR REPLACE FUNCTION replaysafe.delete_thread(
     p_tenant_id text,
     p_thread_id text,
     p_user_id   text DEFAULT NULL)
@@ -1581,108 +1348,6 @@ END
 $$;
 
 -- ---------------------------------------------------------------------------------------
--- Audit views: owner-rights (they read the private tables) and security_barrier (a reader's
--- own functions in a WHERE clause never see rows the filter removes). Each shows the
--- reader's tenant only (every tenant to the unbound owner and unbound auditors).
---
--- The private _visible_* views do the filtering as a UNION ALL: the reader's tenant as an
--- index condition (a reader's own conditions join it, so no row of another tenant is ever
--- read: EXPLAIN ANALYZE cannot confirm another tenant's key by "Rows Removed by Filter"),
--- and every row behind a one-time test of reads_all, never executed for anyone else.
--- ---------------------------------------------------------------------------------------
-
-CREATE VIEW replaysafe._visible_actions WITH (security_barrier = true) AS
-SELECT x.* FROM replaysafe.actions x
-WHERE x.tenant_id = (SELECT r.tenant_id FROM replaysafe._reader r)
-UNION ALL
-SELECT x.* FROM replaysafe.actions x
-WHERE (SELECT r.reads_all FROM replaysafe._reader r);
-
-CREATE VIEW replaysafe._visible_attempts WITH (security_barrier = true) AS
-SELECT t.* FROM replaysafe.action_attempts t
-WHERE t.tenant_id = (SELECT r.tenant_id FROM replaysafe._reader r)
-UNION ALL
-SELECT t.* FROM replaysafe.action_attempts t
-WHERE (SELECT r.reads_all FROM replaysafe._reader r);
-
-CREATE VIEW replaysafe._visible_threads WITH (security_barrier = true) AS
-SELECT t.* FROM replaysafe.threads t
-WHERE t.tenant_id = (SELECT r.tenant_id FROM replaysafe._reader r)
-UNION ALL
-SELECT t.* FROM replaysafe.threads t
-WHERE (SELECT r.reads_all FROM replaysafe._reader r);
-
-CREATE VIEW replaysafe.actions_v WITH (security_barrier = true) AS
-SELECT x.tenant_id, x.action_key, x.thread_id, x.operation, x.state, x.attempt, x.on_expired,
-       x.idempotency_key, x.request, x.result, x.error, x.provider_reference, x.lease_expires_at,
-       x.created_at, x.updated_at, x.completed_at, x.worker_id, x.resolution_note, x.resolved_at
-FROM replaysafe._visible_actions x;
-
--- First attempts without a row of their own (_first_attempts), filtered as above.
-CREATE VIEW replaysafe._visible_first_attempts WITH (security_barrier = true) AS
-SELECT f.* FROM replaysafe._first_attempts f
-WHERE f.tenant_id = (SELECT r.tenant_id FROM replaysafe._reader r)
-UNION ALL
-SELECT f.* FROM replaysafe._first_attempts f
-WHERE (SELECT r.reads_all FROM replaysafe._reader r);
-
-CREATE VIEW replaysafe.action_attempts_v WITH (security_barrier = true) AS
-SELECT t.tenant_id, t.action_key, t.attempt, t.worker_id, t.claimed_at, t.ended_at, t.outcome,
-       t.superseded, t.error, t.result, t.provider_reference
-FROM replaysafe._visible_attempts t
-UNION ALL
-SELECT f.tenant_id, f.action_key, f.attempt, f.worker_id, f.claimed_at, f.ended_at, f.outcome,
-       f.superseded, f.error, f.result, f.provider_reference
-FROM replaysafe._visible_first_attempts f;
-
-CREATE VIEW replaysafe.unresolved_actions WITH (security_barrier = true) AS
-SELECT x.tenant_id, x.action_key, x.operation, x.state, x.lease_expires_at,
-       now() - CASE WHEN x.state = 'running' THEN x.lease_expires_at ELSE x.updated_at END AS age,
-       x.thread_id, x.created_at, x.updated_at
-FROM replaysafe._visible_actions x
-WHERE x.state = 'unknown' OR (x.state = 'running' AND x.lease_expires_at <= now());
-
-CREATE VIEW replaysafe.multi_effect_actions WITH (security_barrier = true) AS
-SELECT m.tenant_id, m.action_key, a.operation, m.successful_attempts
-FROM (SELECT t.tenant_id, t.action_key, count(*) AS successful_attempts
-      FROM replaysafe._visible_attempts t
-      WHERE t.outcome = 'succeeded'
-      GROUP BY t.tenant_id, t.action_key
-      HAVING count(*) > 1) m
--- One primary-key lookup per multi-effect action (LIMIT keeps the planner from a hash join
--- that reads every tenant's actions).
-CROSS JOIN LATERAL (SELECT x.operation FROM replaysafe.actions x
-                    WHERE x.tenant_id = m.tenant_id AND x.action_key = m.action_key LIMIT 1) a;
-
--- Ownership by user id is enforced by the functions; the view shows every thread of the
--- reader's tenant.
-CREATE VIEW replaysafe.threads_v WITH (security_barrier = true) AS
-SELECT t.tenant_id, t.thread_id, t.user_id, t.version, t.deleted, v.state, t.history_limit,
-       t.created_at, t.updated_at
-FROM replaysafe._visible_threads t
-LEFT JOIN replaysafe.thread_versions v
-       ON v.tenant_id = t.tenant_id AND v.thread_id = t.thread_id AND v.version = t.version;
-
--- ---------------------------------------------------------------------------------------
--- The installed revision, for every replaysafe role (doctor, `migrate current`). The
--- version table is alembic's; without it (this script run by hand) the answer is NULL.
--- ---------------------------------------------------------------------------------------
-
-CREATE FUNCTION replaysafe.installed_revision() RETURNS text
-    LANGUAGE plpgsql STABLE SECURITY DEFINER
-    SET search_path = pg_catalog, pg_temp
-    AS $$
-BEGIN
-    -- One row on a linear chain; the version table is created by alembic, not by this
-    -- script, so the name is resolved at call time.
-    RETURN (SELECT pg_catalog.string_agg(v.version_num::text, ' ' ORDER BY v.version_num)
-            FROM replaysafe.alembic_version v);
-EXCEPTION WHEN undefined_table THEN
-    RETURN NULL;
-END
-$$;
-
--- ---------------------------------------------------------------------------------------
 -- LangGraph checkpoints (replaysafe_pg.langgraph, docs/langgraph.md): one function per
 -- method of a LangGraph checkpointer. Channel values are stored once per (channel, version)
 -- in langgraph_blobs; a checkpoint row holds the rest. The newest checkpoint of a thread and
@@ -1692,96 +1357,8 @@ $$;
 -- the head is refused: two runs on one thread cannot fork it silently.
 -- ---------------------------------------------------------------------------------------
 
-CREATE TABLE replaysafe.langgraph_checkpoints (
-    tenant_id            text NOT NULL,
-    thread_id            text NOT NULL,
-    checkpoint_ns        text NOT NULL,
-    -- LangGraph's ids sort by time as bytes ("C"): the newest is the greatest.
-    checkpoint_id        text COLLATE "C" NOT NULL,
-    parent_checkpoint_id text COLLATE "C",
-    -- metadata ->> 'run_id', for delete_for_runs.
-    run_id               text,
-    -- The checkpoint without its channel values (those are in langgraph_blobs).
-    checkpoint           jsonb NOT NULL,
-    metadata             jsonb NOT NULL,
-    created_at           timestamptz NOT NULL,
-    PRIMARY KEY (tenant_id, thread_id, checkpoint_ns, checkpoint_id)
-);
-
-CREATE INDEX langgraph_checkpoints_run_idx ON replaysafe.langgraph_checkpoints (tenant_id, run_id)
-    WHERE run_id IS NOT NULL;
-
-CREATE TABLE replaysafe.langgraph_blobs (
-    tenant_id     text NOT NULL,
-    thread_id     text NOT NULL,
-    checkpoint_ns text NOT NULL,
-    channel       text NOT NULL,
-    version       text NOT NULL,
-    -- The serializer's type tag; "empty" (and no blob) for a channel emptied at this version.
-    type          text NOT NULL,
-    blob          bytea,
-    PRIMARY KEY (tenant_id, thread_id, checkpoint_ns, channel, version)
-);
-
-CREATE TABLE replaysafe.langgraph_writes (
-    tenant_id     text NOT NULL,
-    thread_id     text NOT NULL,
-    checkpoint_ns text NOT NULL,
-    checkpoint_id text COLLATE "C" NOT NULL,
-    task_id       text NOT NULL,
-    idx           integer NOT NULL,
-    channel       text NOT NULL,
-    type          text NOT NULL,
-    blob          bytea NOT NULL,
-    task_path     text NOT NULL,
-    PRIMARY KEY (tenant_id, thread_id, checkpoint_ns, checkpoint_id, task_id, idx)
-);
-
--- One row per thread and namespace: the lock that orders its checkpoint writes, its head (the
--- checkpoint put stored last; when that one was deleted since, the greatest id is the head),
--- and the ids of the latest checkpoints it refused (their pending writes are dropped, also
--- late ones).
-CREATE TABLE replaysafe.langgraph_namespaces (
-    tenant_id     text NOT NULL,
-    thread_id     text NOT NULL,
-    checkpoint_ns text NOT NULL,
-    head          text COLLATE "C",
-    refused       text[] NOT NULL DEFAULT '{}',
-    PRIMARY KEY (tenant_id, thread_id, checkpoint_ns)
-);
-
-ALTER TABLE replaysafe.langgraph_checkpoints ENABLE ROW LEVEL SECURITY;
-ALTER TABLE replaysafe.langgraph_blobs ENABLE ROW LEVEL SECURITY;
-ALTER TABLE replaysafe.langgraph_writes ENABLE ROW LEVEL SECURITY;
-ALTER TABLE replaysafe.langgraph_namespaces ENABLE ROW LEVEL SECURITY;
-
-CREATE TYPE replaysafe.langgraph_checkpoint_record AS (
-    thread_id            text,
-    checkpoint_ns        text,
-    checkpoint_id        text,
-    parent_checkpoint_id text,
-    checkpoint           jsonb,
-    metadata             jsonb,
-    -- Channel values: parallel arrays, one element per stored channel.
-    channels             text[],
-    types                text[],
-    blobs                bytea[],
-    -- Pending writes in LangGraph's order (task path, task id, index).
-    write_task_ids       text[],
-    write_channels       text[],
-    write_types          text[],
-    write_blobs          bytea[]
-);
-
-CREATE TYPE replaysafe.langgraph_put_record AS (
-    -- false: refused (a run-loop checkpoint whose parent is not the newest); nothing stored.
-    stored             boolean,
-    -- The newest checkpoint of the thread and namespace after the call.
-    head_checkpoint_id text
-);
-
 -- Slow path of the argument checks: name the offending argument.
-CREATE FUNCTION replaysafe._langgraph_check_args(p_tenant_id text, p_thread_id text,
+CREATE OR REPLACE FUNCTION replaysafe._langgraph_check_args(p_tenant_id text, p_thread_id text,
                                                  p_checkpoint_ns text)
 RETURNS void
 LANGUAGE plpgsql
@@ -1800,7 +1377,7 @@ $$;
 
 -- Lock the namespace row (created on first use) and return the ids it refused: exclusive for
 -- a checkpoint write, shared for pending writes (they may go on concurrently).
-CREATE FUNCTION replaysafe._langgraph_namespace(p_tenant_id text, p_thread_id text,
+CREATE OR REPLACE FUNCTION replaysafe._langgraph_namespace(p_tenant_id text, p_thread_id text,
                                                 p_checkpoint_ns text, p_exclusive boolean)
 RETURNS text[]
 LANGUAGE plpgsql
@@ -1834,7 +1411,7 @@ $$;
 
 -- The head of a namespace: p_head (read from its row) while that checkpoint exists, else the
 -- greatest id (the head was deleted since: delete_for_runs). NULL when it has no checkpoint.
-CREATE FUNCTION replaysafe._langgraph_head(p_tenant_id text, p_thread_id text,
+CREATE OR REPLACE FUNCTION replaysafe._langgraph_head(p_tenant_id text, p_thread_id text,
                                            p_checkpoint_ns text, p_head text)
 RETURNS text
 LANGUAGE plpgsql STABLE
@@ -1856,7 +1433,7 @@ END
 $$;
 
 -- Blobs of a namespace that no remaining checkpoint refers to.
-CREATE FUNCTION replaysafe._langgraph_collect_blobs(p_tenant_id text, p_thread_id text,
+CREATE OR REPLACE FUNCTION replaysafe._langgraph_collect_blobs(p_tenant_id text, p_thread_id text,
                                                     p_checkpoint_ns text)
 RETURNS void
 LANGUAGE plpgsql
@@ -1883,7 +1460,7 @@ $$;
 -- a task besides "__input__": its run began on an empty namespace); its pending writes are
 -- dropped, now and when they arrive later. Branching on purpose (source "fork" or "update")
 -- is never refused. p_history_limit: checkpoints kept per thread and namespace.
-CREATE FUNCTION replaysafe.langgraph_put(
+CREATE OR REPLACE FUNCTION replaysafe.langgraph_put(
     p_tenant_id     text,
     p_thread_id     text,
     p_checkpoint_ns text,
@@ -2102,7 +1679,7 @@ $$;
 -- already stored under the same task and index is replaced (LangGraph does so for its
 -- special channels: errors, interrupts, resumes); otherwise it is kept. Writes on a
 -- checkpoint the namespace refused are dropped. Returns the number of writes stored.
-CREATE FUNCTION replaysafe.langgraph_put_writes(
+CREATE OR REPLACE FUNCTION replaysafe.langgraph_put_writes(
     p_tenant_id     text,
     p_thread_id     text,
     p_checkpoint_ns text,
@@ -2179,7 +1756,7 @@ $$;
 
 -- One checkpoint with its values and pending writes: p_checkpoint_id's, or the head of the
 -- thread and namespace (the checkpoint put stored last). No row when there is none.
-CREATE FUNCTION replaysafe.langgraph_get_tuple(
+CREATE OR REPLACE FUNCTION replaysafe.langgraph_get_tuple(
     p_tenant_id     text,
     p_thread_id     text,
     p_checkpoint_ns text DEFAULT '',
@@ -2254,7 +1831,7 @@ $$;
 -- Checkpoints newest first: of one thread (all threads of the tenant when p_thread_id is
 -- NULL), one namespace (all when NULL), whose metadata contains p_filter, older than
 -- p_before, at most p_limit (all when NULL).
-CREATE FUNCTION replaysafe.langgraph_list(
+CREATE OR REPLACE FUNCTION replaysafe.langgraph_list(
     p_tenant_id     text,
     p_thread_id     text    DEFAULT NULL,
     p_checkpoint_ns text    DEFAULT NULL,
@@ -2321,7 +1898,7 @@ $$;
 
 -- Every checkpoint, value and pending write of a thread (all namespaces). False when it had none.
 -- Its namespaces are locked first: a put in flight is either deleted too or comes after.
-CREATE FUNCTION replaysafe.langgraph_delete_thread(p_tenant_id text, p_thread_id text)
+CREATE OR REPLACE FUNCTION replaysafe.langgraph_delete_thread(p_tenant_id text, p_thread_id text)
 RETURNS boolean
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -2355,7 +1932,7 @@ $$;
 -- the values no other checkpoint uses. Values are collected only in a namespace whose lock is
 -- free (a put in flight may still use them; a later delete_for_runs or prune collects them).
 -- Returns the number of checkpoints deleted.
-CREATE FUNCTION replaysafe.langgraph_delete_for_runs(p_tenant_id text, p_run_ids text[])
+CREATE OR REPLACE FUNCTION replaysafe.langgraph_delete_for_runs(p_tenant_id text, p_run_ids text[])
 RETURNS integer
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -2432,7 +2009,7 @@ $$;
 
 -- Copy every checkpoint, value and pending write of a thread to a thread that has none
 -- (RS005 when the target has checkpoints). Returns the number of checkpoints copied.
-CREATE FUNCTION replaysafe.langgraph_copy_thread(p_tenant_id text, p_source_thread_id text,
+CREATE OR REPLACE FUNCTION replaysafe.langgraph_copy_thread(p_tenant_id text, p_source_thread_id text,
                                                  p_target_thread_id text)
 RETURNS integer
 LANGUAGE plpgsql
@@ -2489,7 +2066,7 @@ $$;
 -- Prune threads: "keep_latest" keeps the head of each namespace (with its
 -- pending writes and the values it uses), "delete" removes everything. Returns the number
 -- of checkpoints deleted.
-CREATE FUNCTION replaysafe.langgraph_prune(p_tenant_id text, p_thread_ids text[],
+CREATE OR REPLACE FUNCTION replaysafe.langgraph_prune(p_tenant_id text, p_thread_ids text[],
                                            p_strategy text DEFAULT 'keep_latest')
 RETURNS integer
 LANGUAGE plpgsql
@@ -2561,18 +2138,210 @@ BEGIN
 END
 $$;
 
+-- Who is calling: the caller's role and tenant, for the functions (_caller, _caller_scope)
+-- and for the views (_reader). See sql/functions/tenancy.sql.
+
+CREATE OR REPLACE VIEW replaysafe._caller AS
+SELECT r.role_name,
+       CASE WHEN replaysafe._in_restricted_operation() THEN NULL  -- see the function
+            -- to_regrole: a syscache probe (pg_roles is a view that costs ~6 us to join)
+            ELSE coalesce(
+                (SELECT b.tenant_id FROM replaysafe.role_bindings b
+                 WHERE b.role_oid = to_regrole(quote_ident(r.role_name))::oid),
+                (SELECT b.tenant_id FROM replaysafe.role_bindings b
+                 WHERE b.role_oid = to_regrole(quote_ident(r.login_name))::oid)) END
+           AS tenant_id
+FROM (SELECT CASE WHEN current_setting('role') = 'none' THEN session_user::text
+                  ELSE current_setting('role') END AS role_name,
+             session_user::text AS login_name) r;
+
+-- The caller's wider rights, for the functions (never needed on a bound caller's hot path).
+-- It is the owner when it is the schema owner or an explicit member of it (pg_auth_members:
+-- unlike pg_has_role(), a superuser is not a member of every role, so an unbound superuser
+-- that is not the schema owner acts for no tenant), and not inside a security-restricted
+-- operation; unbound, the owner acts for every tenant; the owner and replaysafe_operator
+-- members may pass a p_now far from the clock. (No parameters, no pg_roles: one cached plan,
+-- syscache probes.)
+CREATE OR REPLACE VIEW replaysafe._caller_scope AS
+WITH RECURSIVE
+    owners(roleid) AS (
+        SELECT n.nspowner FROM pg_namespace n WHERE n.nspname = 'replaysafe'
+        UNION
+        SELECT a.member FROM pg_auth_members a JOIN owners o ON a.roleid = o.roleid),
+    operators(roleid) AS (
+        SELECT to_regrole('replaysafe_operator')::oid
+        UNION
+        SELECT a.member FROM pg_auth_members a JOIN operators o ON a.roleid = o.roleid),
+    me AS (
+        SELECT c.role_name, c.tenant_id, to_regrole(quote_ident(c.role_name))::oid AS role_oid,
+               replaysafe._in_restricted_operation() AS restricted
+        FROM replaysafe._caller c)
+SELECT me.role_name, me.tenant_id, s.is_owner,
+       me.tenant_id IS NULL AND s.is_owner AS acts_for_all,
+       s.is_owner OR (NOT me.restricted AND me.role_oid IN (SELECT o.roleid FROM operators o))
+           AS owner_or_operator
+FROM me
+CROSS JOIN LATERAL (SELECT NOT me.restricted AND me.role_oid IN (SELECT o.roleid FROM owners o)
+                        AS is_owner) s;
+
+-- Who is reading a view: a view does not switch user, so current_user is the reader (in a
+-- security-restricted operation, the code's owner, not the session's login). Its tenant is
+-- its binding, else its login's; unbound, it reads every tenant when it is a member of the
+-- schema owner or of replaysafe_auditor. (Pure SQL: a view may call no private helper.)
+CREATE OR REPLACE VIEW replaysafe._reader AS
+SELECT r.tenant_id,
+       CASE WHEN r.tenant_id IS NOT NULL THEN false
+            -- A group role itself never reads every tenant: code a tenant made it own (after
+            -- SET ROLE) may run in anyone's session.
+            WHEN current_user IN ('replaysafe_worker', 'replaysafe_operator', 'replaysafe_auditor')
+                THEN false
+            ELSE pg_has_role(current_user, n.nspowner, 'USAGE')
+                 OR EXISTS (SELECT 1 FROM pg_roles a WHERE a.rolname = 'replaysafe_auditor'
+                            AND pg_has_role(current_user, a.oid, 'USAGE')) END AS reads_all
+FROM (SELECT coalesce(
+          (SELECT b.tenant_id FROM replaysafe.role_bindings b
+           WHERE b.role_oid = to_regrole(quote_ident(current_user))::oid),
+          -- The login's binding only when current_user is the session's own current role
+          -- (SET ROLE never widens): not for code of another owner running in this session
+          -- (an index expression analyzed here, a definer function).
+          (SELECT b.tenant_id FROM replaysafe.role_bindings b
+           WHERE b.role_oid = to_regrole(quote_ident(session_user))::oid
+             AND current_user::text = CASE WHEN current_setting('role') = 'none'
+                                           THEN session_user::text
+                                           ELSE current_setting('role') END))
+          AS tenant_id) r,
+     pg_namespace n
+WHERE n.nspname = 'replaysafe'
+  -- Always true, and parallel unsafe: no query through the views starts parallel workers.
+  -- They cost ~15 ms of start-up at 1 M actions and more, against ~2 ms for a tenant's rows,
+  -- and the planner, counting every tenant's rows in the readers-of-everything branch,
+  -- would start them for any aggregate over a tenant.
+  AND pg_current_xact_id_if_assigned() IS DISTINCT FROM '0'::xid8;
+
 -- ---------------------------------------------------------------------------------------
--- Privileges. Row-level security stays enabled with no policy on every table: should a
--- privilege on a table ever be granted by mistake, that role still reads and writes nothing
--- (the owner, which the functions run as, is not subject to it: it costs them nothing).
+-- Audit views: owner-rights (they read the private tables) and security_barrier (a reader's
+-- own functions in a WHERE clause never see rows the filter removes). Each shows the
+-- reader's tenant only (every tenant to the unbound owner and unbound auditors).
+--
+-- The private _visible_* views do the filtering as a UNION ALL: the reader's tenant as an
+-- index condition (a reader's own conditions join it, so no row of another tenant is ever
+-- read: EXPLAIN ANALYZE cannot confirm another tenant's key by "Rows Removed by Filter"),
+-- and every row behind a one-time test of reads_all, never executed for anyone else.
 -- ---------------------------------------------------------------------------------------
 
-ALTER TABLE replaysafe.role_bindings ENABLE ROW LEVEL SECURITY;
-ALTER TABLE replaysafe.installation ENABLE ROW LEVEL SECURITY;
-ALTER TABLE replaysafe.actions ENABLE ROW LEVEL SECURITY;
-ALTER TABLE replaysafe.action_attempts ENABLE ROW LEVEL SECURITY;
-ALTER TABLE replaysafe.threads ENABLE ROW LEVEL SECURITY;
-ALTER TABLE replaysafe.thread_versions ENABLE ROW LEVEL SECURITY;
+-- The first attempt of an action has no row in action_attempts while the action row says
+-- all there is to say about it: a claim writes one row, its report updates one row (issue 12:
+-- the extra row cost a third of a claim+complete's WAL). Its row is written, from the action
+-- row, by _keep_first_attempt before anything but that attempt's own report changes the
+-- action (expiry, a second attempt, an operator's resolve or reopen, a late or superseded
+-- report); until then the audit view shows the row derived here (action_attempts_v).
+CREATE OR REPLACE VIEW replaysafe._first_attempts AS
+SELECT x.tenant_id, x.action_key, x.attempt, x.worker_id, x.created_at AS claimed_at,
+       CASE WHEN x.state <> 'running' THEN x.updated_at END AS ended_at,
+       CASE WHEN x.state <> 'running' THEN x.state END AS outcome,
+       false AS superseded, x.error, x.result, x.provider_reference
+FROM replaysafe.actions x
+WHERE x.attempt = 1
+  AND NOT EXISTS (SELECT 1 FROM replaysafe.action_attempts t
+                  WHERE t.tenant_id = x.tenant_id AND t.action_key = x.action_key
+                    AND t.attempt = 1);
+
+CREATE OR REPLACE VIEW replaysafe._visible_actions WITH (security_barrier = true) AS
+SELECT x.* FROM replaysafe.actions x
+WHERE x.tenant_id = (SELECT r.tenant_id FROM replaysafe._reader r)
+UNION ALL
+SELECT x.* FROM replaysafe.actions x
+WHERE (SELECT r.reads_all FROM replaysafe._reader r);
+
+CREATE OR REPLACE VIEW replaysafe._visible_attempts WITH (security_barrier = true) AS
+SELECT t.* FROM replaysafe.action_attempts t
+WHERE t.tenant_id = (SELECT r.tenant_id FROM replaysafe._reader r)
+UNION ALL
+SELECT t.* FROM replaysafe.action_attempts t
+WHERE (SELECT r.reads_all FROM replaysafe._reader r);
+
+CREATE OR REPLACE VIEW replaysafe._visible_threads WITH (security_barrier = true) AS
+SELECT t.* FROM replaysafe.threads t
+WHERE t.tenant_id = (SELECT r.tenant_id FROM replaysafe._reader r)
+UNION ALL
+SELECT t.* FROM replaysafe.threads t
+WHERE (SELECT r.reads_all FROM replaysafe._reader r);
+
+CREATE OR REPLACE VIEW replaysafe.actions_v WITH (security_barrier = true) AS
+SELECT x.tenant_id, x.action_key, x.thread_id, x.operation, x.state, x.attempt, x.on_expired,
+       x.idempotency_key, x.request, x.result, x.error, x.provider_reference, x.lease_expires_at,
+       x.created_at, x.updated_at, x.completed_at, x.worker_id, x.resolution_note, x.resolved_at
+FROM replaysafe._visible_actions x;
+
+-- First attempts without a row of their own (_first_attempts), filtered as above.
+CREATE OR REPLACE VIEW replaysafe._visible_first_attempts WITH (security_barrier = true) AS
+SELECT f.* FROM replaysafe._first_attempts f
+WHERE f.tenant_id = (SELECT r.tenant_id FROM replaysafe._reader r)
+UNION ALL
+SELECT f.* FROM replaysafe._first_attempts f
+WHERE (SELECT r.reads_all FROM replaysafe._reader r);
+
+CREATE OR REPLACE VIEW replaysafe.action_attempts_v WITH (security_barrier = true) AS
+SELECT t.tenant_id, t.action_key, t.attempt, t.worker_id, t.claimed_at, t.ended_at, t.outcome,
+       t.superseded, t.error, t.result, t.provider_reference
+FROM replaysafe._visible_attempts t
+UNION ALL
+SELECT f.tenant_id, f.action_key, f.attempt, f.worker_id, f.claimed_at, f.ended_at, f.outcome,
+       f.superseded, f.error, f.result, f.provider_reference
+FROM replaysafe._visible_first_attempts f;
+
+CREATE OR REPLACE VIEW replaysafe.unresolved_actions WITH (security_barrier = true) AS
+SELECT x.tenant_id, x.action_key, x.operation, x.state, x.lease_expires_at,
+       now() - CASE WHEN x.state = 'running' THEN x.lease_expires_at ELSE x.updated_at END AS age,
+       x.thread_id, x.created_at, x.updated_at
+FROM replaysafe._visible_actions x
+WHERE x.state = 'unknown' OR (x.state = 'running' AND x.lease_expires_at <= now());
+
+CREATE OR REPLACE VIEW replaysafe.multi_effect_actions WITH (security_barrier = true) AS
+SELECT m.tenant_id, m.action_key, a.operation, m.successful_attempts
+FROM (SELECT t.tenant_id, t.action_key, count(*) AS successful_attempts
+      FROM replaysafe._visible_attempts t
+      WHERE t.outcome = 'succeeded'
+      GROUP BY t.tenant_id, t.action_key
+      HAVING count(*) > 1) m
+-- One primary-key lookup per multi-effect action (LIMIT keeps the planner from a hash join
+-- that reads every tenant's actions).
+CROSS JOIN LATERAL (SELECT x.operation FROM replaysafe.actions x
+                    WHERE x.tenant_id = m.tenant_id AND x.action_key = m.action_key LIMIT 1) a;
+
+-- Ownership by user id is enforced by the functions; the view shows every thread of the
+-- reader's tenant.
+CREATE OR REPLACE VIEW replaysafe.threads_v WITH (security_barrier = true) AS
+SELECT t.tenant_id, t.thread_id, t.user_id, t.version, t.deleted, v.state, t.history_limit,
+       t.created_at, t.updated_at
+FROM replaysafe._visible_threads t
+LEFT JOIN replaysafe.thread_versions v
+       ON v.tenant_id = t.tenant_id AND v.thread_id = t.thread_id AND v.version = t.version;
+
+-- The group roles and their privileges: EXECUTE on the public functions, SELECT on the audit
+-- views, USAGE on the schema; nothing on a table or a private helper. Applied with the
+-- function set after every revision step (a dropped and re-created function lost its
+-- grants).
+
+-- Group roles, created only where the migrating role may create roles. Roles are
+-- cluster-wide, so another database may have created them already.
+DO $roles$
+DECLARE
+    r text;
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = current_user
+               AND (rolsuper OR rolcreaterole)) THEN
+        FOREACH r IN ARRAY ARRAY['replaysafe_worker', 'replaysafe_operator', 'replaysafe_auditor'] LOOP
+            BEGIN
+                IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = r) THEN
+                    EXECUTE pg_catalog.format('CREATE ROLE %I NOLOGIN', r);
+                END IF;
+            EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
+            END;
+        END LOOP;
+    END IF;
+END
+$roles$;
 
 -- Every privilege but the owner's goes first, whoever granted it (PUBLIC's default EXECUTE
 -- on functions, and what ALTER DEFAULT PRIVILEGES may have added, on the schema too); then
@@ -2601,56 +2370,132 @@ BEGIN
 END
 $revoke$;
 
+-- What each group role may call and read, by function name (the function set defines one
+-- signature per name). A role that does not exist (the migrating role may not create roles)
+-- is skipped; a name that matches no function, or a view that is not there, stops the step.
 DO $grants$
+DECLARE
+    r record;
+    f pg_catalog.regprocedure;
+    v_name text;
 BEGIN
-    IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'replaysafe_worker') THEN
-        GRANT USAGE ON SCHEMA replaysafe TO replaysafe_worker;
-        GRANT EXECUTE ON FUNCTION
-            replaysafe.claim_action(text, text, text, jsonb, text, interval, text, text, timestamptz, text),
-            replaysafe.claim_actions(text, text[], text[], jsonb[], text, interval, text, text, timestamptz, text[]),
-            replaysafe.heartbeat_action(text, text, integer, interval, timestamptz),
-            replaysafe.complete_action(text, text, integer, jsonb, text, timestamptz),
-            replaysafe.fail_action(text, text, integer, jsonb, boolean, timestamptz),
-            replaysafe.mark_action_unknown(text, text, integer, jsonb, timestamptz),
-            replaysafe.sweep_expired_actions(integer, timestamptz),
-            replaysafe.read_thread(text, text, text),
-            replaysafe.write_thread(text, text, bigint, jsonb, text, integer),
-            replaysafe.thread_history(text, text, text, integer),
-            replaysafe.delete_thread(text, text, text),
-            replaysafe.installed_revision()
-        TO replaysafe_worker;
-        GRANT SELECT ON replaysafe.actions_v, replaysafe.action_attempts_v, replaysafe.unresolved_actions,
-            replaysafe.multi_effect_actions, replaysafe.threads_v
-        TO replaysafe_worker;
-        -- LangGraph checkpoints (replaysafe_pg.langgraph).
-        GRANT EXECUTE ON FUNCTION replaysafe.langgraph_put(text, text, text, text, text, jsonb, jsonb, text[], text[], text[], bytea[], integer) TO replaysafe_worker;
-        GRANT EXECUTE ON FUNCTION replaysafe.langgraph_put_writes(text, text, text, text, text, text, integer[], text[], text[], bytea[], boolean) TO replaysafe_worker;
-        GRANT EXECUTE ON FUNCTION replaysafe.langgraph_get_tuple(text, text, text, text) TO replaysafe_worker;
-        GRANT EXECUTE ON FUNCTION replaysafe.langgraph_list(text, text, text, text, jsonb, text, integer) TO replaysafe_worker;
-        GRANT EXECUTE ON FUNCTION replaysafe.langgraph_delete_thread(text, text) TO replaysafe_worker;
-        GRANT EXECUTE ON FUNCTION replaysafe.langgraph_delete_for_runs(text, text[]) TO replaysafe_worker;
-        GRANT EXECUTE ON FUNCTION replaysafe.langgraph_copy_thread(text, text, text) TO replaysafe_worker;
-        GRANT EXECUTE ON FUNCTION replaysafe.langgraph_prune(text, text[], text) TO replaysafe_worker;
-    END IF;
-    IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'replaysafe_auditor') THEN
-        GRANT USAGE ON SCHEMA replaysafe TO replaysafe_auditor;
-        GRANT EXECUTE ON FUNCTION replaysafe.installed_revision() TO replaysafe_auditor;
-        GRANT SELECT ON replaysafe.actions_v, replaysafe.action_attempts_v, replaysafe.unresolved_actions,
-            replaysafe.multi_effect_actions, replaysafe.threads_v
-        TO replaysafe_auditor;
-    END IF;
-    IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'replaysafe_operator') THEN
-        GRANT USAGE ON SCHEMA replaysafe TO replaysafe_operator;
-        GRANT EXECUTE ON FUNCTION
-            replaysafe.resolve_action(text, text, text, jsonb, jsonb, text, text, timestamptz, integer),
-            replaysafe.reopen_action(text, text, text, timestamptz),
-            replaysafe.purge_actions(interval, integer, timestamptz),
-            replaysafe.sweep_expired_actions(integer, timestamptz),
-            replaysafe.installed_revision()
-        TO replaysafe_operator;
-        GRANT SELECT ON replaysafe.actions_v, replaysafe.action_attempts_v, replaysafe.unresolved_actions,
-            replaysafe.multi_effect_actions, replaysafe.threads_v
-        TO replaysafe_operator;
-    END IF;
+    FOR r IN
+        SELECT d.role, d.functions, d.views FROM (VALUES
+            (1, 'replaysafe_worker',
+             ARRAY['claim_action', 'claim_actions', 'heartbeat_action', 'complete_action',
+                   'fail_action', 'mark_action_unknown', 'sweep_expired_actions',
+                   'read_thread', 'write_thread', 'thread_history', 'delete_thread',
+                   'installed_revision',
+                   'langgraph_put', 'langgraph_put_writes', 'langgraph_get_tuple', 'langgraph_list',
+                   'langgraph_delete_thread', 'langgraph_delete_for_runs', 'langgraph_copy_thread',
+                   'langgraph_prune'],
+             ARRAY['actions_v', 'action_attempts_v', 'unresolved_actions', 'multi_effect_actions',
+                   'threads_v']),
+            (2, 'replaysafe_auditor',
+             ARRAY['installed_revision'],
+             ARRAY['actions_v', 'action_attempts_v', 'unresolved_actions', 'multi_effect_actions',
+                   'threads_v']),
+            (3, 'replaysafe_operator',
+             ARRAY['resolve_action', 'reopen_action', 'purge_actions', 'sweep_expired_actions',
+                   'installed_revision'],
+             ARRAY['actions_v', 'action_attempts_v', 'unresolved_actions', 'multi_effect_actions',
+                   'threads_v'])) d(ord, role, functions, views)
+        WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_roles a WHERE a.rolname = d.role)
+        ORDER BY d.ord  -- the order the privileges are listed in (pg_dump shows it)
+    LOOP
+        EXECUTE pg_catalog.format('GRANT USAGE ON SCHEMA replaysafe TO %I', r.role);
+        FOREACH v_name IN ARRAY r.functions LOOP
+            f := NULL;
+            FOR f IN SELECT p.oid::pg_catalog.regprocedure FROM pg_catalog.pg_proc p
+                     WHERE p.pronamespace = 'replaysafe'::pg_catalog.regnamespace AND p.proname = v_name
+            LOOP
+                EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %I', f, r.role);
+            END LOOP;
+            IF f IS NULL THEN
+                RAISE EXCEPTION 'replaysafe: grants.sql names a function that does not exist: %', v_name;
+            END IF;
+        END LOOP;
+        FOREACH v_name IN ARRAY r.views LOOP
+            EXECUTE pg_catalog.format('GRANT SELECT ON %s TO %I',
+                                      pg_catalog.format('replaysafe.%I', v_name)::pg_catalog.regclass, r.role);
+        END LOOP;
+    END LOOP;
 END
 $grants$;
+
+-- The functions of the schema are exactly the set's: a signature changed by a revision that
+-- did not DROP the old one is refused here, with the whole step.
+DO $function_set$
+DECLARE
+    v_expected pg_catalog.regprocedure[] := ARRAY[
+        'replaysafe._raise(text, text, text)',
+        'replaysafe._invalid(text, text)',
+        'replaysafe._check_id(text, text, boolean)',
+        'replaysafe._check_now(timestamptz)',
+        'replaysafe._in_restricted_operation()',
+        'replaysafe._acts_for(text)',
+        'replaysafe.bind_role_to_tenant(text, text)',
+        'replaysafe.unbind_role(text)',
+        'replaysafe.installed_revision()',
+        'replaysafe.idempotency_key(text, text)',
+        'replaysafe._keep_first_attempt(text, text)',
+        'replaysafe.claim_action(text, text, text, jsonb, text, interval, text, text, timestamptz, text)',
+        'replaysafe._claim_locked(text, text, text, jsonb, text, interval, text, text, timestamptz, text)',
+        'replaysafe._expire_attempt(replaysafe.actions, timestamptz)',
+        'replaysafe.claim_actions(text, text[], text[], jsonb[], text, interval, text, text, timestamptz, text[])',
+        'replaysafe.heartbeat_action(text, text, integer, interval, timestamptz)',
+        'replaysafe._report(text, text, integer, replaysafe.action_state, jsonb, jsonb, text, timestamptz)',
+        'replaysafe.complete_action(text, text, integer, jsonb, text, timestamptz)',
+        'replaysafe.fail_action(text, text, integer, jsonb, boolean, timestamptz)',
+        'replaysafe.mark_action_unknown(text, text, integer, jsonb, timestamptz)',
+        'replaysafe.resolve_action(text, text, text, jsonb, jsonb, text, text, timestamptz, integer)',
+        'replaysafe.reopen_action(text, text, text, timestamptz)',
+        'replaysafe.sweep_expired_actions(integer, timestamptz)',
+        'replaysafe.purge_actions(interval, integer, timestamptz)',
+        'replaysafe._check_thread_args(text, text, text)',
+        'replaysafe._deny_thread()',
+        'replaysafe._stale_thread(text, bigint, bigint)',
+        'replaysafe.read_thread(text, text, text)',
+        'replaysafe.write_thread(text, text, bigint, jsonb, text, integer)',
+        'replaysafe.thread_history(text, text, text, integer)',
+        'replaysafe.delete_thread(text, text, text)',
+        'replaysafe._langgraph_check_args(text, text, text)',
+        'replaysafe._langgraph_namespace(text, text, text, boolean)',
+        'replaysafe._langgraph_head(text, text, text, text)',
+        'replaysafe._langgraph_collect_blobs(text, text, text)',
+        'replaysafe.langgraph_put(text, text, text, text, text, jsonb, jsonb, text[], text[], text[], bytea[], integer)',
+        'replaysafe.langgraph_put_writes(text, text, text, text, text, text, integer[], text[], text[], bytea[], boolean)',
+        'replaysafe.langgraph_get_tuple(text, text, text, text)',
+        'replaysafe.langgraph_list(text, text, text, text, jsonb, text, integer)',
+        'replaysafe.langgraph_delete_thread(text, text)',
+        'replaysafe.langgraph_delete_for_runs(text, text[])',
+        'replaysafe.langgraph_copy_thread(text, text, text)',
+        'replaysafe.langgraph_prune(text, text[], text)'
+    ]::pg_catalog.regprocedure[];
+    v_left text;
+    r record;
+BEGIN
+    SELECT pg_catalog.string_agg(p.oid::pg_catalog.regprocedure::text, ', '
+                                  ORDER BY p.oid::pg_catalog.regprocedure::text) INTO v_left
+    FROM pg_catalog.pg_proc p
+    WHERE p.pronamespace OPERATOR(pg_catalog.=) 'replaysafe'::pg_catalog.regnamespace
+      AND p.oid OPERATOR(pg_catalog.<>) ALL (v_expected::pg_catalog.oid[]);
+    IF v_left IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '42723', MESSAGE = pg_catalog.concat(
+            'replaysafe: the schema holds functions its function set does not define: ', v_left,
+            ' (a revision that changes a signature drops the old one)');
+    END IF;
+    -- Every body compiles, now that every function and view exists.
+    PERFORM pg_catalog.set_config('check_function_bodies', 'on', true);
+    FOR r IN
+        SELECT p.oid, l.lanvalidator::pg_catalog.regproc AS validator
+        FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_language l ON l.oid OPERATOR(pg_catalog.=) p.prolang
+        WHERE p.oid OPERATOR(pg_catalog.=) ANY (v_expected::pg_catalog.oid[])
+          AND l.lanvalidator OPERATOR(pg_catalog.<>) 0
+    LOOP
+        EXECUTE pg_catalog.format('SELECT %s(%s)', r.validator, r.oid);
+    END LOOP;
+END
+$function_set$;
+SELECT pg_catalog.set_config('check_function_bodies',
+                             pg_catalog.current_setting('replaysafe.outer_check_function_bodies'), true);

@@ -70,10 +70,10 @@ BEGIN
     IF to_regclass('replaysafe.alembic_version') IS NOT NULL THEN
         SELECT string_agg(v.version_num::text, ' ') INTO v_revision FROM replaysafe.alembic_version v;
     END IF;
-    IF v_revision IS DISTINCT FROM '0009' THEN
+    IF v_revision IS DISTINCT FROM '0010' THEN
         RAISE EXCEPTION USING ERRCODE = '55000', MESSAGE = format(
-            'replaysafe''s Citus distribution was written for schema revision 0009 and this '
-            'database is at %s: migrate to 0009 first (or use the replaysafe_pg release whose '
+            'replaysafe''s Citus distribution was written for schema revision 0010 and this '
+            'database is at %s: migrate to 0010 first (or use the replaysafe_pg release whose '
             'Citus script matches the installed revision)', coalesce(v_revision, 'no revision'));
     END IF;
 END
@@ -155,7 +155,7 @@ BEGIN
 END
 $nodes$;
 
--- As in schema.sql, but the binding is looked up through role_binding_nodes on the node that
+-- As in sql/views/caller.sql, but the binding is looked up through role_binding_nodes on the node that
 -- evaluates it (a delegated call runs on a worker, whose role OIDs are not the coordinator's).
 CREATE OR REPLACE VIEW replaysafe._caller AS
 SELECT r.role_name,

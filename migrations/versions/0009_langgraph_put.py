@@ -1,4 +1,4 @@
-"""langgraph_put's common case (parent = head) in fewer statements (issue 14).
+"""langgraph_put's common case (parent = head) in fewer statements; delete_for_runs waits.
 
 Revision ID: 0009
 Revises: 0008

@@ -1,4 +1,4 @@
-"""The tenant check's common case inline in the hot functions; a static probe (issue 12).
+"""The tenant check's common case inline in the hot functions, under "C" collation; a static probe.
 
 Revision ID: 0008
 Revises: 0007

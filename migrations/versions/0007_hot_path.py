@@ -1,4 +1,4 @@
-"""The hot path (issue 12): no attempt row for a first attempt until it is needed.
+"""The hot path: a first attempt gets its own attempt row only when something else needs it.
 
 Revision ID: 0007
 Revises: 0006

@@ -1,0 +1,1 @@
+-- Back to 0009: nothing to undo in tables; the step applies 0009's function set.

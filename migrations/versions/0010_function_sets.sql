@@ -1,0 +1,3 @@
+-- Revision 0010: no table, index or data change. The step applies the function set of 0010
+-- (sql/functions, sql/views, sql/grants.sql as released), which differs from 0009's in
+-- comments inside function bodies only.

@@ -1,0 +1,280 @@
+-- The action ledger: operators' duties (reconciliation, reopening) and the shared machinery
+-- (sweeping expired leases, purging old actions).
+
+-- Reconciliation (replaysafe_operator): decide what an unknown action became. With
+-- p_expected_attempt, only while the action is still on that attempt (a stale lookup never
+-- settles a newer attempt).
+CREATE OR REPLACE FUNCTION replaysafe.resolve_action(
+    p_tenant_id          text,
+    p_action_key         text,
+    p_state              text,
+    p_result             jsonb       DEFAULT NULL,
+    p_error              jsonb       DEFAULT NULL,
+    p_provider_reference text        DEFAULT NULL,
+    p_note               text        DEFAULT NULL,
+    p_now                timestamptz DEFAULT clock_timestamp(),
+    p_expected_attempt   integer     DEFAULT NULL)
+RETURNS replaysafe.action_state
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_state   replaysafe.action_state;
+    v_old     replaysafe.action_state;
+    v_attempt integer;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM replaysafe._caller_scope c WHERE c.owner_or_operator) THEN
+        -- EXECUTE is the operators'; a grant to another role by mistake must not open it.
+        PERFORM replaysafe._raise('RS004', 'access denied: settling, reopening and purging are '
+                                           'replaysafe_operator''s duty');
+    END IF;
+    IF (octet_length(p_tenant_id) BETWEEN 1 AND 1024 AND length(p_tenant_id) <= 512
+        AND octet_length(p_action_key) BETWEEN 1 AND 1024 AND length(p_action_key) <= 512)
+       IS NOT TRUE THEN
+        PERFORM replaysafe._check_id('p_tenant_id', p_tenant_id);
+        PERFORM replaysafe._check_id('p_action_key', p_action_key);
+    END IF;
+    IF p_state IS NULL OR p_state NOT IN ('succeeded', 'failed', 'retryable') THEN
+        PERFORM replaysafe._invalid('p_state', 'must be ''succeeded'', ''failed'' or ''retryable''');
+    END IF;
+    IF p_expected_attempt < 1 THEN
+        PERFORM replaysafe._invalid('p_expected_attempt', 'must be a positive attempt number');
+    END IF;
+    IF (p_now BETWEEN clock_timestamp() - interval '5 minutes' AND clock_timestamp()) IS NOT TRUE THEN
+        p_now := replaysafe._check_now(p_now);
+    END IF;
+    PERFORM replaysafe._acts_for(p_tenant_id);
+    v_state := p_state::replaysafe.action_state;
+
+    SELECT x.state, x.attempt INTO v_old, v_attempt FROM replaysafe.actions x
+    WHERE x.tenant_id = p_tenant_id AND x.action_key = p_action_key
+    FOR UPDATE;
+    IF NOT FOUND THEN
+        PERFORM replaysafe._raise('RS006', format('action %s does not exist', p_action_key));
+    END IF;
+    IF v_old <> 'unknown' THEN
+        PERFORM replaysafe._raise('RS006', format(
+            'action %s is %s; only unknown actions can be resolved', p_action_key, v_old));
+    END IF;
+    IF p_expected_attempt IS NOT NULL AND p_expected_attempt <> v_attempt THEN
+        PERFORM replaysafe._raise('RS006', format(
+            'action %s is on attempt %s, not %s', p_action_key, v_attempt, p_expected_attempt));
+    END IF;
+    IF v_attempt = 1 THEN  -- the attempt's row keeps its own outcome, not the operator's
+        PERFORM replaysafe._keep_first_attempt(p_tenant_id, p_action_key);
+    END IF;
+
+    UPDATE replaysafe.actions x
+    SET state = v_state, result = p_result, error = p_error,
+        provider_reference = coalesce(p_provider_reference, x.provider_reference),
+        resolution_note = p_note, resolved_at = p_now, updated_at = p_now,
+        completed_at = CASE WHEN v_state IN ('succeeded', 'failed') THEN p_now END
+    WHERE x.tenant_id = p_tenant_id AND x.action_key = p_action_key;
+    RETURN v_state;
+END
+$$;
+
+-- An operator's decision that a failed action may run again (it failed on a bug since
+-- fixed, say): it becomes retryable; the note and the time stay on the action.
+CREATE OR REPLACE FUNCTION replaysafe.reopen_action(
+    p_tenant_id  text,
+    p_action_key text,
+    p_note       text,
+    p_now        timestamptz DEFAULT clock_timestamp())
+RETURNS replaysafe.action_state
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_old replaysafe.action_state;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM replaysafe._caller_scope c WHERE c.owner_or_operator) THEN
+        -- EXECUTE is the operators'; a grant to another role by mistake must not open it.
+        PERFORM replaysafe._raise('RS004', 'access denied: settling, reopening and purging are '
+                                           'replaysafe_operator''s duty');
+    END IF;
+    PERFORM replaysafe._check_id('p_tenant_id', p_tenant_id);
+    PERFORM replaysafe._check_id('p_action_key', p_action_key);
+    IF p_note IS NULL OR p_note = '' THEN
+        PERFORM replaysafe._invalid('p_note', 'must say why the action may run again');
+    END IF;
+    IF (p_now BETWEEN clock_timestamp() - interval '5 minutes' AND clock_timestamp()) IS NOT TRUE THEN
+        p_now := replaysafe._check_now(p_now);
+    END IF;
+    PERFORM replaysafe._acts_for(p_tenant_id);
+
+    SELECT x.state INTO v_old FROM replaysafe.actions x
+    WHERE x.tenant_id = p_tenant_id AND x.action_key = p_action_key
+    FOR UPDATE;
+    IF NOT FOUND THEN
+        PERFORM replaysafe._raise('RS006', format('action %s does not exist', p_action_key));
+    END IF;
+    IF v_old <> 'failed' THEN
+        PERFORM replaysafe._raise('RS006', format(
+            'action %s is %s; only failed actions can be reopened', p_action_key, v_old));
+    END IF;
+    PERFORM replaysafe._keep_first_attempt(p_tenant_id, p_action_key);  -- if it is the first
+    UPDATE replaysafe.actions x
+    SET state = 'retryable', resolution_note = p_note, resolved_at = p_now, updated_at = p_now,
+        completed_at = NULL
+    WHERE x.tenant_id = p_tenant_id AND x.action_key = p_action_key;
+    RETURN 'retryable';
+END
+$$;
+
+-- Expired running leases become unknown (or retryable under on_expired = 'reclaim'), for
+-- the caller's tenant (every tenant for the unbound schema owner). Rows locked by a
+-- concurrent claim or report are skipped: that caller decides them.
+CREATE OR REPLACE FUNCTION replaysafe.sweep_expired_actions(
+    p_limit integer     DEFAULT 1000,
+    p_now   timestamptz DEFAULT clock_timestamp())
+RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_count  integer;
+    v_keys   text[];
+    v_tenant text;
+    v_all    boolean;
+    v_tenants text[];
+    v_actions text[];
+BEGIN
+    IF p_limit IS NULL OR p_limit < 1 THEN
+        PERFORM replaysafe._invalid('p_limit', 'must be a positive integer');
+    END IF;
+    IF (p_now BETWEEN clock_timestamp() - interval '5 minutes' AND clock_timestamp()) IS NOT TRUE THEN
+        p_now := replaysafe._check_now(p_now);
+    END IF;
+    SELECT c.tenant_id, c.acts_for_all INTO v_tenant, v_all FROM replaysafe._caller_scope c;
+    IF v_tenant IS NULL AND NOT v_all THEN
+        RETURN 0;
+    END IF;
+
+    -- The batch first, locked: through (tenant_id, lease_expires_at) for a tenant's sweep, so it
+    -- never walks other tenants' expired leases; through (lease_expires_at) for everyone's.
+    IF v_tenant IS NULL THEN
+        SELECT array_agg(d.tenant_id), array_agg(d.action_key) INTO v_tenants, v_actions
+        FROM (SELECT x.tenant_id, x.action_key FROM replaysafe.actions x
+              WHERE x.state = 'running' AND x.lease_expires_at <= p_now
+              ORDER BY x.lease_expires_at LIMIT p_limit FOR UPDATE SKIP LOCKED) d;
+    ELSE
+        SELECT array_agg(d.tenant_id), array_agg(d.action_key) INTO v_tenants, v_actions
+        FROM (SELECT x.tenant_id, x.action_key FROM replaysafe.actions x
+              WHERE x.tenant_id = v_tenant AND x.state = 'running' AND x.lease_expires_at <= p_now
+              ORDER BY x.lease_expires_at LIMIT p_limit FOR UPDATE SKIP LOCKED) d;
+    END IF;
+    IF v_actions IS NULL THEN
+        RETURN 0;
+    END IF;
+
+    WITH due AS (
+        SELECT x.tenant_id, x.action_key, x.attempt, x.on_expired, x.has_waiters,
+               x.idempotency_key, x.lease_expires_at, x.worker_id, x.created_at
+        FROM unnest(v_tenants, v_actions) AS k(tenant_id, action_key)
+        JOIN replaysafe.actions x ON x.tenant_id = k.tenant_id AND x.action_key = k.action_key
+    ), moved AS (
+        UPDATE replaysafe.actions x
+        SET state = CASE WHEN d.on_expired = 'reclaim' THEN 'retryable' ELSE 'unknown' END::replaysafe.action_state,
+            updated_at = p_now
+        FROM due d
+        WHERE x.tenant_id = d.tenant_id AND x.action_key = d.action_key
+        RETURNING x.tenant_id
+    ), closed AS (  -- data-modifying CTEs always run to completion; see _expire_attempt
+        INSERT INTO replaysafe.action_attempts AS t (tenant_id, action_key, attempt, worker_id,
+                                                     claimed_at, ended_at, outcome, error)
+        SELECT d.tenant_id, d.action_key, d.attempt, d.worker_id, d.created_at, p_now, 'unknown',
+               jsonb_build_object('reason', 'lease_expired', 'lease_expires_at', d.lease_expires_at)
+        FROM due d
+        ON CONFLICT (tenant_id, action_key, attempt) DO UPDATE
+        SET outcome = excluded.outcome, ended_at = excluded.ended_at, error = excluded.error
+        RETURNING t.tenant_id
+    )
+    SELECT (SELECT count(*) FROM moved), array_agg(d.idempotency_key) FILTER (WHERE d.has_waiters)
+    INTO v_count, v_keys
+    FROM due d;
+
+    IF pg_notification_queue_usage() < 0.5 THEN  -- see _expire_attempt
+        PERFORM pg_notify('replaysafe_actions', k) FROM unnest(v_keys) AS k;
+    END IF;
+    RETURN coalesce(v_count, 0);
+END
+$$;
+
+-- Delete terminal actions (and their attempts) finished before p_now - p_older_than, of the
+-- caller's tenant (every tenant for the unbound schema owner). Batched by p_limit; never
+-- touches running, unknown or retryable actions. replaysafe_operator only: once purged, a
+-- key would run again.
+CREATE OR REPLACE FUNCTION replaysafe.purge_actions(
+    p_older_than interval,
+    p_limit      integer     DEFAULT 10000,
+    p_now        timestamptz DEFAULT clock_timestamp())
+RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_count  integer;
+    v_tenant text;
+    v_all    boolean;
+    v_tenants text[];
+    v_actions text[];
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM replaysafe._caller_scope c WHERE c.owner_or_operator) THEN
+        -- EXECUTE is the operators'; a grant to another role by mistake must not open it.
+        PERFORM replaysafe._raise('RS004', 'access denied: settling, reopening and purging are '
+                                           'replaysafe_operator''s duty');
+    END IF;
+    IF p_older_than IS NULL OR p_older_than < interval '0' OR p_older_than > interval '1000 years' THEN
+        PERFORM replaysafe._invalid('p_older_than', 'must be a non-negative interval of at most 1000 years');
+    END IF;
+    IF p_limit IS NULL OR p_limit < 1 THEN
+        PERFORM replaysafe._invalid('p_limit', 'must be a positive integer');
+    END IF;
+    IF (p_now BETWEEN clock_timestamp() - interval '5 minutes' AND clock_timestamp()) IS NOT TRUE THEN
+        p_now := replaysafe._check_now(p_now);
+    END IF;
+    SELECT c.tenant_id, c.acts_for_all INTO v_tenant, v_all FROM replaysafe._caller_scope c;
+    IF v_tenant IS NULL AND NOT v_all THEN
+        RETURN 0;
+    END IF;
+
+    -- The batch first, locked: through (tenant_id, completed_at) for a tenant's purge, so it
+    -- never walks other tenants' old actions; through (completed_at) for everyone's.
+    IF v_tenant IS NULL THEN
+        SELECT array_agg(d.tenant_id), array_agg(d.action_key) INTO v_tenants, v_actions
+        FROM (SELECT x.tenant_id, x.action_key FROM replaysafe.actions x
+              WHERE x.state IN ('succeeded', 'failed') AND x.completed_at < p_now - p_older_than
+              ORDER BY x.completed_at LIMIT p_limit FOR UPDATE SKIP LOCKED) d;
+    ELSE
+        SELECT array_agg(d.tenant_id), array_agg(d.action_key) INTO v_tenants, v_actions
+        FROM (SELECT x.tenant_id, x.action_key FROM replaysafe.actions x
+              WHERE x.tenant_id = v_tenant AND x.state IN ('succeeded', 'failed')
+                AND x.completed_at < p_now - p_older_than
+              ORDER BY x.completed_at LIMIT p_limit FOR UPDATE SKIP LOCKED) d;
+    END IF;
+    IF v_actions IS NULL THEN
+        RETURN 0;
+    END IF;
+
+    WITH victims AS (
+        SELECT k.tenant_id, k.action_key FROM unnest(v_tenants, v_actions) AS k(tenant_id, action_key)
+    ), gone_attempts AS (  -- data-modifying CTEs always run to completion
+        DELETE FROM replaysafe.action_attempts t
+        USING victims v
+        WHERE t.tenant_id = v.tenant_id AND t.action_key = v.action_key
+        RETURNING t.tenant_id
+    ), gone AS (
+        DELETE FROM replaysafe.actions x
+        USING victims v
+        WHERE x.tenant_id = v.tenant_id AND x.action_key = v.action_key
+        RETURNING x.tenant_id
+    )
+    SELECT count(*) INTO v_count FROM gone;
+    RETURN v_count;
+END
+$$;

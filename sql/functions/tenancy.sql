@@ -1,0 +1,141 @@
+-- ---------------------------------------------------------------------------------------
+-- Who is calling a function. Inside a SECURITY DEFINER function current_user is the owner,
+-- so the functions read the caller from the session: the role set by SET ROLE, else the
+-- login (session_user). A session's tenant is its current role's binding, else its
+-- login's: SET ROLE to an unbound role (a group role, say) never widens what a bound login
+-- may see or do.
+-- ---------------------------------------------------------------------------------------
+--
+-- The views that answer who is calling are in sql/views/caller.sql.
+
+-- Are we inside a security-restricted operation (an index expression, ANALYZE, REINDEX,
+-- CLUSTER, REFRESH MATERIALIZED VIEW, autovacuum)? There the code that runs is the table
+-- owner's, while the session's roles (what the functions read) are whoever runs the
+-- maintenance: a superuser, autovacuum, or another tenant's login. The functions then act
+-- for nobody (about 2.5 us a call, the price of knowing).
+-- Postgres refuses DEALLOCATE there (42501) and says a statement does not exist elsewhere.
+CREATE OR REPLACE FUNCTION replaysafe._in_restricted_operation()
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    DEALLOCATE replaysafe_probe_no_such_statement;  -- static: parsed once a session
+    RETURN false;  -- only if someone prepared a statement of that name
+EXCEPTION
+    WHEN insufficient_privilege THEN RETURN true;
+    WHEN invalid_sql_statement_name THEN RETURN false;
+END
+$$;
+
+-- RS004 unless the caller may act for p_tenant_id: its own tenant when bound; any tenant
+-- for the unbound schema owner (see _caller_scope); nothing for anyone else.
+CREATE OR REPLACE FUNCTION replaysafe._acts_for(p_tenant_id text)
+RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_tenant text;
+    v_role   text;
+BEGIN
+    -- Every collatable argument of a PL/pgSQL call shares the collation of the call's
+    -- arguments, and it wins over the columns' in every comparison in the function: a
+    -- caller's nondeterministic collation (a case-insensitive one in pg_temp, say) on any
+    -- argument made 'acme' equal 'ACME' here and in every key lookup after it. The name
+    -- pg_collation_for gives is text in that collation too: compared under its own, an
+    -- attacker's collation named _."default" (punctuation ignored) would equal '"default"':
+    -- both comparisons here are under "C".
+    IF pg_collation_for(p_tenant_id) COLLATE "C" IS DISTINCT FROM '"default"' THEN
+        PERFORM replaysafe._invalid('p_tenant_id', 'the arguments must not carry a COLLATE clause '
+                                    '(comparisons use the database''s collation)');
+    END IF;
+    SELECT c.tenant_id, c.role_name INTO v_tenant, v_role FROM replaysafe._caller c;
+    IF v_tenant = p_tenant_id COLLATE "C" THEN
+        RETURN;
+    END IF;
+    IF v_tenant IS NULL THEN
+        -- The schema owner itself, the common unbound caller, without _caller_scope's
+        -- membership walk (~40 us); in a security-restricted operation nobody is the owner.
+        IF to_regrole(quote_ident(v_role))::oid
+               = (SELECT n.nspowner FROM pg_namespace n WHERE n.nspname = 'replaysafe')
+           AND NOT replaysafe._in_restricted_operation() THEN
+            RETURN;
+        END IF;
+        IF EXISTS (SELECT 1 FROM replaysafe._caller_scope s WHERE s.acts_for_all) THEN
+            RETURN;
+        END IF;
+    END IF;
+    PERFORM replaysafe._raise('RS004', 'access denied: this role may not act for that tenant');
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------
+-- Tenant bindings (schema owner only)
+-- ---------------------------------------------------------------------------------------
+
+CREATE OR REPLACE FUNCTION replaysafe.bind_role_to_tenant(p_role text, p_tenant_id text)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    -- EXECUTE is the owner's alone; a default privilege granted by mistake must not open it.
+    IF NOT EXISTS (SELECT 1 FROM replaysafe._caller_scope c WHERE c.is_owner) THEN
+        PERFORM replaysafe._raise('RS004', 'access denied: only the schema owner binds roles');
+    END IF;
+    IF p_role IS NULL OR NOT EXISTS (SELECT 1 FROM pg_roles r WHERE r.rolname = p_role) THEN
+        PERFORM replaysafe._invalid('p_role', 'must name an existing role');
+    END IF;
+    -- Bound, a group role would hand its tenant to every member that SETs ROLE to it.
+    IF p_role IN ('replaysafe_worker', 'replaysafe_operator', 'replaysafe_auditor') THEN
+        PERFORM replaysafe._invalid('p_role', 'must not be one of the group roles (bind their members)');
+    END IF;
+    PERFORM replaysafe._check_id('p_tenant_id', p_tenant_id);
+    INSERT INTO replaysafe.role_bindings AS b (role_oid, role_name, tenant_id)
+    SELECT r.oid, p_role, p_tenant_id FROM pg_roles r WHERE r.rolname = p_role
+    ON CONFLICT (role_oid) DO UPDATE
+    SET role_name = excluded.role_name, tenant_id = excluded.tenant_id, bound_at = now();
+END
+$$;
+
+CREATE OR REPLACE FUNCTION replaysafe.unbind_role(p_role text)
+RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM replaysafe._caller_scope c WHERE c.is_owner) THEN
+        PERFORM replaysafe._raise('RS004', 'access denied: only the schema owner binds roles');
+    END IF;
+    IF p_role IS NULL THEN
+        PERFORM replaysafe._invalid('p_role', 'must not be NULL');
+    END IF;
+    -- The role's binding; or, for a name no role has any more, the binding left behind.
+    DELETE FROM replaysafe.role_bindings b
+    WHERE b.role_oid = (SELECT r.oid FROM pg_roles r WHERE r.rolname = p_role)
+       OR (b.role_name = p_role AND NOT EXISTS (SELECT 1 FROM pg_roles r WHERE r.oid = b.role_oid));
+    RETURN FOUND;
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------
+-- The installed revision, for every replaysafe role (doctor, `migrate current`). The
+-- version table is alembic's; without it (this script run by hand) the answer is NULL.
+-- ---------------------------------------------------------------------------------------
+
+CREATE OR REPLACE FUNCTION replaysafe.installed_revision() RETURNS text
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+BEGIN
+    -- One row on a linear chain; the version table is created by alembic, not by this
+    -- script, so the name is resolved at call time.
+    RETURN (SELECT pg_catalog.string_agg(v.version_num::text, ' ' ORDER BY v.version_num)
+            FROM replaysafe.alembic_version v);
+EXCEPTION WHEN undefined_table THEN
+    RETURN NULL;
+END
+$$;

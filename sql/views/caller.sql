@@ -1,0 +1,79 @@
+-- Who is calling: the caller's role and tenant, for the functions (_caller, _caller_scope)
+-- and for the views (_reader). See sql/functions/tenancy.sql.
+
+CREATE OR REPLACE VIEW replaysafe._caller AS
+SELECT r.role_name,
+       CASE WHEN replaysafe._in_restricted_operation() THEN NULL  -- see the function
+            -- to_regrole: a syscache probe (pg_roles is a view that costs ~6 us to join)
+            ELSE coalesce(
+                (SELECT b.tenant_id FROM replaysafe.role_bindings b
+                 WHERE b.role_oid = to_regrole(quote_ident(r.role_name))::oid),
+                (SELECT b.tenant_id FROM replaysafe.role_bindings b
+                 WHERE b.role_oid = to_regrole(quote_ident(r.login_name))::oid)) END
+           AS tenant_id
+FROM (SELECT CASE WHEN current_setting('role') = 'none' THEN session_user::text
+                  ELSE current_setting('role') END AS role_name,
+             session_user::text AS login_name) r;
+
+-- The caller's wider rights, for the functions (never needed on a bound caller's hot path).
+-- It is the owner when it is the schema owner or an explicit member of it (pg_auth_members:
+-- unlike pg_has_role(), a superuser is not a member of every role, so an unbound superuser
+-- that is not the schema owner acts for no tenant), and not inside a security-restricted
+-- operation; unbound, the owner acts for every tenant; the owner and replaysafe_operator
+-- members may pass a p_now far from the clock. (No parameters, no pg_roles: one cached plan,
+-- syscache probes.)
+CREATE OR REPLACE VIEW replaysafe._caller_scope AS
+WITH RECURSIVE
+    owners(roleid) AS (
+        SELECT n.nspowner FROM pg_namespace n WHERE n.nspname = 'replaysafe'
+        UNION
+        SELECT a.member FROM pg_auth_members a JOIN owners o ON a.roleid = o.roleid),
+    operators(roleid) AS (
+        SELECT to_regrole('replaysafe_operator')::oid
+        UNION
+        SELECT a.member FROM pg_auth_members a JOIN operators o ON a.roleid = o.roleid),
+    me AS (
+        SELECT c.role_name, c.tenant_id, to_regrole(quote_ident(c.role_name))::oid AS role_oid,
+               replaysafe._in_restricted_operation() AS restricted
+        FROM replaysafe._caller c)
+SELECT me.role_name, me.tenant_id, s.is_owner,
+       me.tenant_id IS NULL AND s.is_owner AS acts_for_all,
+       s.is_owner OR (NOT me.restricted AND me.role_oid IN (SELECT o.roleid FROM operators o))
+           AS owner_or_operator
+FROM me
+CROSS JOIN LATERAL (SELECT NOT me.restricted AND me.role_oid IN (SELECT o.roleid FROM owners o)
+                        AS is_owner) s;
+
+-- Who is reading a view: a view does not switch user, so current_user is the reader (in a
+-- security-restricted operation, the code's owner, not the session's login). Its tenant is
+-- its binding, else its login's; unbound, it reads every tenant when it is a member of the
+-- schema owner or of replaysafe_auditor. (Pure SQL: a view may call no private helper.)
+CREATE OR REPLACE VIEW replaysafe._reader AS
+SELECT r.tenant_id,
+       CASE WHEN r.tenant_id IS NOT NULL THEN false
+            -- A group role itself never reads every tenant: code a tenant made it own (after
+            -- SET ROLE) may run in anyone's session.
+            WHEN current_user IN ('replaysafe_worker', 'replaysafe_operator', 'replaysafe_auditor')
+                THEN false
+            ELSE pg_has_role(current_user, n.nspowner, 'USAGE')
+                 OR EXISTS (SELECT 1 FROM pg_roles a WHERE a.rolname = 'replaysafe_auditor'
+                            AND pg_has_role(current_user, a.oid, 'USAGE')) END AS reads_all
+FROM (SELECT coalesce(
+          (SELECT b.tenant_id FROM replaysafe.role_bindings b
+           WHERE b.role_oid = to_regrole(quote_ident(current_user))::oid),
+          -- The login's binding only when current_user is the session's own current role
+          -- (SET ROLE never widens): not for code of another owner running in this session
+          -- (an index expression analyzed here, a definer function).
+          (SELECT b.tenant_id FROM replaysafe.role_bindings b
+           WHERE b.role_oid = to_regrole(quote_ident(session_user))::oid
+             AND current_user::text = CASE WHEN current_setting('role') = 'none'
+                                           THEN session_user::text
+                                           ELSE current_setting('role') END))
+          AS tenant_id) r,
+     pg_namespace n
+WHERE n.nspname = 'replaysafe'
+  -- Always true, and parallel unsafe: no query through the views starts parallel workers.
+  -- They cost ~15 ms of start-up at 1 M actions and more, against ~2 ms for a tenant's rows,
+  -- and the planner, counting every tenant's rows in the readers-of-everything branch,
+  -- would start them for any aggregate over a tenant.
+  AND pg_current_xact_id_if_assigned() IS DISTINCT FROM '0'::xid8;
