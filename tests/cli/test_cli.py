@@ -310,7 +310,7 @@ def test_doctor_lists_objects_the_migration_did_not_create_or_another_role_owns(
     assert run("doctor", dsn=dsn).exit_code == 0
     intruder = make_role()
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("CREATE FUNCTION replaysafe.claim_action(text) RETURNS int LANGUAGE sql "
+        conn.execute("CREATE FUNCTION replaysafe.installed_revision(text) RETURNS int LANGUAGE sql "
                      "AS 'SELECT 1'")  # an overload: unpinned, not the migration's
         conn.execute(f'GRANT USAGE, CREATE ON SCHEMA replaysafe TO "{intruder}"')
     with psycopg.connect(pg_conninfo.make_conninfo(dsn, user=intruder), autocommit=True) as conn:
@@ -319,12 +319,12 @@ def test_doctor_lists_objects_the_migration_did_not_create_or_another_role_owns(
     assert result.exit_code == 1
     out = result.stdout
     assert "FAIL  schema objects created by the migration: NOT created by the migration: " in out
-    assert ("2 functions named claim_action (the migration creates one): replaysafe.claim_action(text), "
-            "replaysafe.claim_action(text,text,text,jsonb,text,interval,text,text,timestamp with time "
-            "zone,text)") in out and "table notes" in out
+    assert ("2 functions named installed_revision (the migration creates one): "
+            "replaysafe.installed_revision(), replaysafe.installed_revision(text)") in out
+    assert "table notes" in out
     assert f"FAIL  schema objects owned by the schema owner: owned by another role: table notes " \
            f"(owner {intruder})" in out
-    assert "FAIL  functions pin search_path: NOT pinned: function replaysafe.claim_action(text)" in out
+    assert "FAIL  functions pin search_path: NOT pinned: function replaysafe.installed_revision(text)" in out
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("DROP TABLE replaysafe.notes")
         conn.execute(f'REVOKE ALL ON SCHEMA replaysafe FROM "{intruder}"')
@@ -397,13 +397,11 @@ def test_doctor_notices_privileges_the_migration_does_not_grant(dsn: str) -> Non
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("GRANT SELECT ON replaysafe.actions TO replaysafe_auditor")
         conn.execute("GRANT EXECUTE ON FUNCTION replaysafe.unbind_role(text) TO replaysafe_worker")
-        conn.execute("GRANT EXECUTE ON FUNCTION replaysafe.claim_action(text, text, text, jsonb, text, "
-                     "interval, text, text, timestamptz, text) TO PUBLIC")
+        conn.execute("GRANT EXECUTE ON FUNCTION replaysafe.bind_role_to_tenant(text, text) TO PUBLIC")
     result = run("doctor", dsn=dsn)
     assert result.exit_code == 1
     assert ("FAIL  privileges only as the migration grants them: NOT granted by the migration: "
-            "EXECUTE on function replaysafe.claim_action(text,text,text,jsonb,text,interval,text,"
-            "text,timestamp with time zone,text) to public, ") in result.stdout
+            "EXECUTE on function replaysafe.bind_role_to_tenant(text,text) to public, ") in result.stdout
     assert "SELECT on table actions to replaysafe_auditor" in result.stdout
     assert "EXECUTE on function replaysafe.unbind_role(text) to replaysafe_worker" in result.stdout
 

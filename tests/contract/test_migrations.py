@@ -1,5 +1,5 @@
-"""Migrations: the whole schema of the tree (sql/) and the alembic chain build the same schema; up → down → up;
-concurrent migrators; the alembic CLI (online and --sql); a user's own alembic env."""
+"""Migrations: the whole schema of the tree (sql/) and the alembic chain build the same schema;
+up → down → up; concurrent migrators; the alembic CLI (online and --sql); a user's own alembic env."""
 
 from __future__ import annotations
 
@@ -95,8 +95,7 @@ def test_schema_sql_equals_alembic_chain(new_db: Callable[[], str], reference_du
     "CREATE OR REPLACE FUNCTION replaysafe._invalid(p_name text, p_rule text) RETURNS void "
     "LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$ BEGIN NULL; END $$",
     "ALTER TABLE replaysafe.actions DISABLE ROW LEVEL SECURITY",
-    "ALTER FUNCTION replaysafe.claim_action(text, text, text, jsonb, text, interval, text, text, "
-    "timestamptz, text) RESET search_path",
+    "ALTER FUNCTION replaysafe.bind_role_to_tenant(text, text) RESET search_path",
     "ALTER FUNCTION replaysafe.read_thread(text, text, text) SECURITY INVOKER",
     "REVOKE SELECT ON replaysafe.actions_v FROM replaysafe_auditor",
     "ALTER TYPE replaysafe.action_state ADD VALUE 'cancelled'",

@@ -5,8 +5,8 @@ Why: distributed with ``distribution_arg_name => 'p_tenant_id'`` (Citus), a func
 the worker that holds its tenant's shard, so every statement in it must stay inside that
 tenant, and ideally inside one key (one action, one thread).
 
-How: the whole schema (sql/, assembled) is parsed with Postgres' own parser (pglast, libpg_query); PL/pgSQL bodies
-with its PL/pgSQL parser. Every SQL statement and every expression of every function is
+How: the whole schema (sql/, assembled) is parsed with Postgres' own parser (pglast, libpg_query);
+PL/pgSQL bodies with its PL/pgSQL parser. Every SQL statement and every expression of every function is
 walked, CTEs, subqueries, INSERT ... SELECT and ON CONFLICT included. A *tenant table* has a
 ``tenant_id`` column (the caller names the exceptions) and one key column (``action_key``,
 ``thread_id``). Each use of one must be pinned by equalities:

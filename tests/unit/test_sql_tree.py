@@ -46,8 +46,7 @@ def test_the_function_set_lists_every_function_once() -> None:
     sigs = _sqltree.signatures(_sqltree.function_set_sql())
     assert len(sigs) == len(set(sigs)) == sum(
         len(re.findall(r"^CREATE OR REPLACE FUNCTION", _sqltree.read(p), re.M)) for p in _sqltree.FUNCTIONS)
-    assert ("replaysafe.claim_action(text, text, text, jsonb, text, interval, text, text, "
-            "timestamptz, text)") in sigs
+    assert "replaysafe.bind_role_to_tenant(text, text)" in sigs
     assert "replaysafe._expire_attempt(replaysafe.actions, timestamptz)" in sigs
 
 
