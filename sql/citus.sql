@@ -53,6 +53,8 @@ DO $guard$
 DECLARE
     v_version text := (SELECT e.extversion FROM pg_catalog.pg_extension e WHERE e.extname = 'citus');
     v_revision text;
+    -- The revision this script was written and reviewed for.
+    v_written_for constant text := '0010';
 BEGIN
     IF v_version IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '55000', MESSAGE =
@@ -70,11 +72,12 @@ BEGIN
     IF to_regclass('replaysafe.alembic_version') IS NOT NULL THEN
         SELECT string_agg(v.version_num::text, ' ') INTO v_revision FROM replaysafe.alembic_version v;
     END IF;
-    IF v_revision IS DISTINCT FROM '0010' THEN
+    IF v_revision IS DISTINCT FROM v_written_for THEN
         RAISE EXCEPTION USING ERRCODE = '55000', MESSAGE = format(
-            'replaysafe''s Citus distribution was written for schema revision 0010 and this '
-            'database is at %s: migrate to 0010 first (or use the replaysafe_pg release whose '
-            'Citus script matches the installed revision)', coalesce(v_revision, 'no revision'));
+            'replaysafe''s Citus distribution was written for schema revision %s and this '
+            'database is at %s: migrate to %s first (or use the replaysafe_pg release whose '
+            'Citus script matches the installed revision)', v_written_for,
+            coalesce(v_revision, 'no revision'), v_written_for);
     END IF;
 END
 $guard$;

@@ -95,10 +95,12 @@ def test_the_script_refuses_a_revision_it_was_not_written_for(dsn: str, conn: Co
     guard = schema.citus_sql().split("-- guard: begin --")[1].split("-- guard: end --")[0]
     guard = guard.replace("(SELECT e.extversion FROM pg_catalog.pg_extension e WHERE e.extname = 'citus')",
                           "'12.1-1'")
-    conn.execute(guard)  # 0009: accepted
-    conn.execute("UPDATE replaysafe.alembic_version SET version_num = '0008'")
+    conn.execute(guard)  # the head: accepted
+    head, previous = schema.head_revision(), schema.revisions()[-2].revision
+    conn.execute("UPDATE replaysafe.alembic_version SET version_num = %s", (previous,))
     with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState,
-                       match="written for schema revision 0009 and this database is at 0008"):
+                       match=f"written for schema revision {head} and this database is at "
+                             f"{previous}: migrate to {head} first"):
         conn.execute(guard)
 
 
