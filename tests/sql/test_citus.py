@@ -299,7 +299,7 @@ def test_doctor_knows_a_citus_installation(citus_db: str, conn: Conn) -> None:
     # A later migration that put back the plain lookup is noticed.
     definition = conn.execute("SELECT pg_get_viewdef('replaysafe._reader'::regclass)").fetchone()
     assert definition is not None
-    plain = re.search(r"CREATE VIEW replaysafe\._reader AS(.*?);\n", schema.schema_sql(), re.S)
+    plain = re.search(r"CREATE OR REPLACE VIEW replaysafe\._reader AS(.*?);\n", schema.schema_sql(), re.S)
     assert plain is not None
     conn.execute("SET search_path = pg_catalog, pg_temp; CREATE OR REPLACE VIEW replaysafe._reader AS"
                  + plain.group(1))
