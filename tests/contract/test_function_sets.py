@@ -61,39 +61,43 @@ def test_a_left_over_signature_stops_the_step(new_db: Callable[[], str]) -> None
     assert schema_dump(dsn) == before
 
 
-def test_a_body_that_does_not_compile_stops_the_step(new_db: Callable[[], str],
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    dsn = new_db()
-    replaysafe_pg.migrate(dsn, CHAIN[-2])
-    before = schema_dump(dsn)
+def _apply(dsn: str, function_set: str) -> None:
+    """A function set applied as a revision step applies it: one transaction, the owner."""
+    with psycopg.connect(dsn) as c:
+        c.execute(function_set.encode())  # type: ignore[call-overload]
+
+
+def _tree_with(monkeypatch: pytest.MonkeyPatch, part: str, old: str, new: str) -> str:
     real = _sqltree.read
 
-    def broken(part: str) -> str:
-        text = real(part)
-        if part == "functions/checks.sql":
-            return text.replace("PERFORM replaysafe._raise('RS005'", "PERFORM replaysafe._raise('RS005' +")
+    def edited(name: str) -> str:
+        text = real(name)
+        if name == part:
+            assert old in text
+            return text.replace(old, new)
         return text
 
-    monkeypatch.setattr(_sqltree, "read", broken)
-    with pytest.raises(Exception, match="syntax error"):
-        replaysafe_pg.migrate(dsn)
-    assert versions(dsn) == [CHAIN[-2]]
+    monkeypatch.setattr(_sqltree, "read", edited)
+    return _sqltree.function_set_sql()
+
+
+def test_a_body_that_does_not_compile_stops_the_set(dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    before = schema_dump(dsn)
+    broken = _tree_with(monkeypatch, "functions/checks.sql", "PERFORM replaysafe._raise('RS005'",
+                        "PERFORM replaysafe._raise('RS005' +")
+    with pytest.raises(psycopg.errors.SyntaxError):
+        _apply(dsn, broken)
     assert schema_dump(dsn) == before
 
 
-def test_a_grant_of_a_function_that_does_not_exist_stops_the_step(
-        new_db: Callable[[], str], monkeypatch: pytest.MonkeyPatch) -> None:
-    dsn = new_db()
-    real = _sqltree.read
-
-    def misspelt(part: str) -> str:
-        text = real(part)
-        return text.replace("'claim_actions'", "'claim_action_batch'") if part == "grants.sql" else text
-
-    monkeypatch.setattr(_sqltree, "read", misspelt)
-    with pytest.raises(Exception, match="names a function that does not exist: claim_action_batch"):
-        replaysafe_pg.migrate(dsn)
-    assert replaysafe_pg.current_revision(dsn) is None
+def test_a_grant_of_a_function_that_does_not_exist_stops_the_set(
+        dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    before = schema_dump(dsn)
+    misspelt = _tree_with(monkeypatch, "grants.sql", "'claim_actions'", "'claim_action_batch'")
+    with pytest.raises(psycopg.errors.RaiseException,
+                       match="names a function that does not exist: claim_action_batch"):
+        _apply(dsn, misspelt)
+    assert schema_dump(dsn) == before
 
 
 def _psql(dsn: str, script: str) -> None:
