@@ -13,7 +13,7 @@ from pathlib import Path
 
 # One file each copy must hold: a directory that lacks it (an old checkout's left-over
 # ``replaysafe_pg/migrations`` holding only __pycache__, say) is not a copy.
-_MARKERS = {"sql": "queries.sql", "migrations": "env.py"}
+_MARKERS = {"sql": "grants.sql", "migrations": "released.sha256"}
 
 
 def _tree(name: str) -> Path:

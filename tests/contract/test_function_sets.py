@@ -8,7 +8,6 @@ from __future__ import annotations
 import itertools
 import subprocess
 from collections.abc import Callable
-from typing import Any
 
 import psycopg
 import pytest
@@ -128,13 +127,16 @@ def test_offline_sql_carries_the_function_sets_up_and_down(new_db: Callable[[], 
 
 
 def test_a_step_to_a_released_revision_applies_its_snapshot(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Not the tree: a released revision's function set is frozen at its release."""
+    """Not the tree: a released revision's function set is frozen at its release; the tree
+    serves the unreleased head only."""
     released = sorted(r for r in _sqltree.released_revisions() if r >= "0009")
     assert released
     monkeypatch.setattr(_sqltree, "function_set_sql", lambda: "-- the tree\n")
     for revision in released:
         assert _sqltree.function_set_of(revision) == _sqltree.snapshot_path(revision).read_text()
-    calls: list[Any] = []
-    monkeypatch.setattr(_sqltree, "released_revisions", lambda directory=None: {"0008"} | set(calls))
+    assert _sqltree.function_set_of("9998", head="9998") == "-- the tree\n"
+    with pytest.raises(RuntimeError, match="neither released nor the head"):
+        _sqltree.function_set_of("9997", head="9998")
+    monkeypatch.setattr(_sqltree, "released_revisions", lambda directory=None: {"0008"})
     with pytest.raises(RuntimeError, match="released without a snapshot"):
         _sqltree.function_set_of("0008")
