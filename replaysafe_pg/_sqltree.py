@@ -205,20 +205,16 @@ def released_revisions(directory: Path | None = None) -> set[str]:
             if (m := re.match(r"versions/(\d{4})_", name))}
 
 
-def function_set_of(revision: str, head: str | None = None) -> str:
+def function_set_of(revision: str, head: str) -> str:
     """The function set a step arriving at ``revision`` applies: its frozen snapshot once it
-    is released (listed in ``released.sha256``), else — for the head revision in development
-    only — the tree's. ``head``: the chain's head (looked up when not given)."""
+    is released (listed in ``released.sha256``), else — for ``head``, the chain's head, in
+    development — the tree's."""
     path = snapshot_path(revision)
     if revision in released_revisions():
         if not path.is_file() or f"snapshots/{revision}.sql" not in released():
             raise RuntimeError(f"replaysafe_pg: revision {revision} is released without a snapshot "
                                f"of its function set ({path}): reinstall the package")
         return path.read_text(encoding="utf-8")
-    if head is None:
-        from replaysafe_pg.schema import head_revision
-
-        head = head_revision()
     if revision != head:
         raise RuntimeError(f"replaysafe_pg: revision {revision} is neither released nor the head "
                            f"({head}): only the head revision takes the tree's function set")

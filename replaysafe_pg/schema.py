@@ -181,7 +181,7 @@ def run_revision(revision_file: str, name: str, connection: Connection | None, *
     (``replaysafe_pg._sqltree``). One script, so the Citus guard refuses it whole."""
     ddl = (Path(revision_file).resolve().parent / name).read_text(encoding="utf-8")
     _execute_step(citus_migration_guard(name) + ddl.rstrip("\n") + "\n\n"
-                  + _sqltree.function_set_of(arrives_at), connection)
+                  + _sqltree.function_set_of(arrives_at, head_revision()), connection)
 
 
 def _execute_step(sql: str, connection: Connection | None) -> None:

@@ -133,10 +133,10 @@ def test_a_step_to_a_released_revision_applies_its_snapshot(monkeypatch: pytest.
     assert released
     monkeypatch.setattr(_sqltree, "function_set_sql", lambda: "-- the tree\n")
     for revision in released:
-        assert _sqltree.function_set_of(revision) == _sqltree.snapshot_path(revision).read_text()
+        assert _sqltree.function_set_of(revision, "9999") == _sqltree.snapshot_path(revision).read_text()
     assert _sqltree.function_set_of("9998", head="9998") == "-- the tree\n"
     with pytest.raises(RuntimeError, match="neither released nor the head"):
         _sqltree.function_set_of("9997", head="9998")
     monkeypatch.setattr(_sqltree, "released_revisions", lambda directory=None: {"0008"})
     with pytest.raises(RuntimeError, match="released without a snapshot"):
-        _sqltree.function_set_of("0008")
+        _sqltree.function_set_of("0008", "9999")
