@@ -60,6 +60,22 @@ def text_id(value: Any, what: str) -> str:
     return value
 
 
+def secret(value: Any, what: str) -> str:
+    """A claim token or an attempt token: a str of 1 to 512 characters (a claim token's
+    minimum length is the database's to enforce). Never echoed in an error."""
+    if type(value) is str and 0 < len(value) <= MAX_ID_CHARS and value.isascii():
+        return value
+    if type(value) is not str or not 0 < len(value) <= MAX_ID_CHARS:
+        raise InvalidArgument(f"{what} must be a non-empty str of at most {MAX_ID_CHARS} "
+                              f"characters (got {type(value).__name__}"
+                              f"{f' of {len(value)} characters' if isinstance(value, str) else ''})")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgument(f"{what} must be valid text (it holds a lone surrogate)") from None
+    return value
+
+
 def optional_id(value: Any, what: str) -> str | None:
     return None if value is None else text_id(value, what)
 

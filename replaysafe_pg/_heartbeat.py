@@ -119,8 +119,10 @@ class Heartbeater:
             self._execute(ticket.heartbeat)
             ticket.extended(sent_at)
         except LeaseLost:
-            ticket.lease_lost = True
+            # While the outcome is being written, the write itself tells whether the lease
+            # held (a heartbeat that lands after it committed is refused: that is no loss).
             if not ticket.recording and not ticket.done:
+                ticket.lease_lost = True
                 lease_lost_warning(ticket.action_key, ticket.attempt, "heartbeat refused")
             return None
         except RETRY_ERRORS as exc:
@@ -165,8 +167,8 @@ class AsyncHeartbeats:
                         ticket.extended(sent_at)
                         await asyncio.sleep(ticket.interval)
             except LeaseLost:
-                ticket.lease_lost = True
-                if not ticket.recording:
+                if not ticket.recording and not ticket.done:  # as the sync heartbeat
+                    ticket.lease_lost = True
                     lease_lost_warning(ticket.action_key, ticket.attempt, "heartbeat refused")
                 return
             except RETRY_ERRORS as exc:

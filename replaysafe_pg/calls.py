@@ -22,6 +22,7 @@ from replaysafe_pg.models import (
     Action,
     ActionState,
     Attempt,
+    AttemptToken,
     Claim,
     ReportOutcome,
     ThreadState,
@@ -69,12 +70,26 @@ def _value(rows: Rows) -> Any:
     return rows[0][0]
 
 
-def _claim(rows: Rows) -> Claim:
-    return Claim.from_row(rows[0])
+class _ClaimOf:
+    """The decoder of a claim of ``action_key`` (the answer does not repeat the key)."""
+
+    __slots__ = ("action_key",)
+
+    def __init__(self, action_key: str) -> None:
+        self.action_key = action_key
+
+    def __call__(self, rows: Rows) -> Claim:
+        return Claim.from_row(rows[0], self.action_key)
 
 
-def _claims(rows: Rows) -> list[Claim]:
-    return [Claim.from_row(r) for r in rows]
+class _ClaimsOf:
+    __slots__ = ("action_keys",)
+
+    def __init__(self, action_keys: list[str]) -> None:
+        self.action_keys = action_keys
+
+    def __call__(self, rows: Rows) -> list[Claim]:
+        return [Claim.from_row(r, k) for r, k in zip(rows, self.action_keys, strict=True)]
 
 
 def _report(rows: Rows) -> ReportOutcome:
@@ -133,9 +148,21 @@ class Calls:
     def _key(self, action_key: str) -> dict[str, Any]:
         return {"tenant_id": self.tenant_id, "action_key": _args.text_id(action_key, "action_key")}
 
-    def _attempt(self, action_key: str, attempt: int, now: datetime | None) -> dict[str, Any]:
-        return self._key(action_key) | {"attempt": _args.integer(attempt, "attempt"),
-                                        "now": _args.moment(now)}
+    def _attempt(self, holder: Claim | AttemptToken, now: datetime | None) -> dict[str, Any]:
+        """The attempt a heartbeat or report is for, with its token (the attempt's capability)."""
+        if not isinstance(holder, Claim | AttemptToken):
+            raise InvalidArgument(
+                "heartbeats and reports take the Claim that claim() answered (or an "
+                f"AttemptToken(action_key, attempt, attempt_token)), not {type(holder).__name__}: "
+                "the attempt's token is required")
+        if holder.attempt_token is None and isinstance(holder, Claim):
+            raise InvalidArgument(
+                f"this claim of action {holder.action_key!r} answered {holder.outcome.value!r}: "
+                "only a 'claimed' answer holds an attempt (and its token)")
+        return self._key(holder.action_key) | {
+            "attempt": _args.integer(holder.attempt, "attempt"),
+            "attempt_token": _args.secret(holder.attempt_token, "attempt_token"),
+            "now": _args.moment(now)}
 
     def _claim_options(self, lease: Lease, thread_id: str | None, on_expired: str,
                        now: datetime | None) -> dict[str, Any]:
@@ -147,11 +174,12 @@ class Calls:
     def claim(self, action_key: str, operation: str, request: dict[str, Any] | Encoded,
               lease: Lease, thread_id: str | None, on_expired: str,
               now: datetime | None, claim_token: str | None = None) -> Statement[Claim]:
-        return Statement("claim_action", self._key(action_key) | {
+        key = self._key(action_key)
+        return Statement("claim_action", key | {
             "operation": _args.text_id(operation, "operation"),
             "request": _json_object(request, "request"),
-            "claim_token": _args.optional_id(claim_token, "claim_token"),
-        } | self._claim_options(lease, thread_id, on_expired, now), _claim)
+            "claim_token": None if claim_token is None else _args.secret(claim_token, "claim_token"),
+        } | self._claim_options(lease, thread_id, on_expired, now), _ClaimOf(key["action_key"]))
 
     def claim_many(self, calls: Sequence[tuple[str, str, dict[str, Any] | Encoded]], lease: Lease,
                    thread_id: str | None, on_expired: str,
@@ -162,36 +190,37 @@ class Calls:
         if claim_tokens is not None and (isinstance(claim_tokens, str)
                                          or len(claim_tokens) != len(calls)):
             raise InvalidArgument("claim_tokens must hold one token (or None) per call")
+        keys = [_args.text_id(key, "action_key") for key, _, _ in calls]
         return Statement("claim_actions", {
             "tenant_id": self.tenant_id,
-            "action_keys": [_args.text_id(key, "action_key") for key, _, _ in calls],
+            "action_keys": keys,
             "operations": [_args.text_id(op, "operation") for _, op, _ in calls],
             "requests": [_json_object(req, "request") for _, _, req in calls],
             "claim_tokens": None if claim_tokens is None else [
-                _args.optional_id(t, "claim_token") for t in claim_tokens],
-        } | self._claim_options(lease, thread_id, on_expired, now), _claims)
+                None if t is None else _args.secret(t, "claim_token") for t in claim_tokens],
+        } | self._claim_options(lease, thread_id, on_expired, now), _ClaimsOf(keys))
 
-    def heartbeat(self, action_key: str, attempt: int, lease: Lease,
+    def heartbeat(self, holder: Claim | AttemptToken, lease: Lease,
                   now: datetime | None) -> Statement[datetime]:
-        return Statement("heartbeat_action", self._attempt(action_key, attempt, now) | {
+        return Statement("heartbeat_action", self._attempt(holder, now) | {
             "lease": _args.lease(lease)}, _value)
 
-    def complete(self, action_key: str, attempt: int, result: Any, provider_reference: str | None,
+    def complete(self, holder: Claim | AttemptToken, result: Any, provider_reference: str | None,
                  now: datetime | None) -> Statement[ReportOutcome]:
-        return Statement("complete_action", self._attempt(action_key, attempt, now) | {
+        return Statement("complete_action", self._attempt(holder, now) | {
             "result": _json_arg(result, "result"),
             "provider_reference": _args.optional_text(provider_reference, "provider_reference"),
         }, _report)
 
-    def fail(self, action_key: str, attempt: int, error: Any, retryable: bool,
+    def fail(self, holder: Claim | AttemptToken, error: Any, retryable: bool,
              now: datetime | None) -> Statement[ReportOutcome]:
-        return Statement("fail_action", self._attempt(action_key, attempt, now) | {
+        return Statement("fail_action", self._attempt(holder, now) | {
             "error": _json_arg(error, "error"), "retryable": _args.flag(retryable, "retryable"),
         }, _report)
 
-    def mark_unknown(self, action_key: str, attempt: int, error: Any,
+    def mark_unknown(self, holder: Claim | AttemptToken, error: Any,
                      now: datetime | None) -> Statement[ReportOutcome]:
-        return Statement("mark_action_unknown", self._attempt(action_key, attempt, now) | {
+        return Statement("mark_action_unknown", self._attempt(holder, now) | {
             "error": _json_arg(error, "error")}, _report)
 
     def resolve(self, action_key: str, state: ActionState | str, result: Any, error: Any,

@@ -18,7 +18,7 @@ from replaysafe_pg._heartbeat import Heartbeater
 from replaysafe_pg.calls import Calls, Lease, Statement, default_worker_id
 from replaysafe_pg.errors import InvalidArgument
 from replaysafe_pg.execution import MAX_RESULT_BYTES, Encoder, Execution, Retryable
-from replaysafe_pg.models import Action, ActionState, Attempt, Claim, ReportOutcome
+from replaysafe_pg.models import Action, ActionState, Attempt, AttemptToken, Claim, ReportOutcome
 from replaysafe_pg.reconcile import DEFAULT_CONCURRENCY, Lookup, Reconciliation, Request
 from replaysafe_pg.runner import CallSpec, Plan
 
@@ -160,24 +160,28 @@ class Ledger(_LedgerBase):
         return self._send(self._calls.claim_many(calls, lease, thread_id, on_expired, now,
                                                  claim_tokens))
 
-    def heartbeat(self, action_key: str, attempt: int, *, lease: Lease = DEFAULT_LEASE,
+    def heartbeat(self, claim: Claim | AttemptToken, *, lease: Lease = DEFAULT_LEASE,
                   now: datetime | None = None) -> datetime:
-        """``heartbeat_action``: extend the lease; :class:`LeaseLost` if it is gone."""
-        return self._send(self._calls.heartbeat(action_key, attempt, lease, now))
+        """``heartbeat_action`` for the attempt ``claim`` holds (a ``claimed`` :class:`Claim`,
+        or an :class:`AttemptToken`): extend its lease, never shortening it;
+        :class:`LeaseLost` if it is gone."""
+        return self._send(self._calls.heartbeat(claim, lease, now))
 
-    def complete(self, action_key: str, attempt: int, result: Any, *,
+    def complete(self, claim: Claim | AttemptToken, result: Any, *,
                  provider_reference: str | None = None,
                  now: datetime | None = None) -> ReportOutcome:
-        return self._send(self._calls.complete(action_key, attempt, result, provider_reference,
-                                               now))
+        """``complete_action`` for the attempt ``claim`` holds."""
+        return self._send(self._calls.complete(claim, result, provider_reference, now))
 
-    def fail(self, action_key: str, attempt: int, error: Any, *, retryable: bool = False,
+    def fail(self, claim: Claim | AttemptToken, error: Any, *, retryable: bool = False,
              now: datetime | None = None) -> ReportOutcome:
-        return self._send(self._calls.fail(action_key, attempt, error, retryable, now))
+        """``fail_action`` for the attempt ``claim`` holds."""
+        return self._send(self._calls.fail(claim, error, retryable, now))
 
-    def mark_unknown(self, action_key: str, attempt: int, error: Any, *,
+    def mark_unknown(self, claim: Claim | AttemptToken, error: Any, *,
                      now: datetime | None = None) -> ReportOutcome:
-        return self._send(self._calls.mark_unknown(action_key, attempt, error, now))
+        """``mark_action_unknown`` for the attempt ``claim`` holds."""
+        return self._send(self._calls.mark_unknown(claim, error, now))
 
     def resolve(self, action_key: str, state: ActionState | str, *, result: Any = None,
                 error: Any = None, provider_reference: str | None = None,
@@ -274,23 +278,22 @@ class AsyncLedger(_LedgerBase):
         return await self._send(self._calls.claim_many(calls, lease, thread_id, on_expired,
                                                        now, claim_tokens))
 
-    async def heartbeat(self, action_key: str, attempt: int, *, lease: Lease = DEFAULT_LEASE,
+    async def heartbeat(self, claim: Claim | AttemptToken, *, lease: Lease = DEFAULT_LEASE,
                         now: datetime | None = None) -> datetime:
-        return await self._send(self._calls.heartbeat(action_key, attempt, lease, now))
+        return await self._send(self._calls.heartbeat(claim, lease, now))
 
-    async def complete(self, action_key: str, attempt: int, result: Any, *,
+    async def complete(self, claim: Claim | AttemptToken, result: Any, *,
                        provider_reference: str | None = None,
                        now: datetime | None = None) -> ReportOutcome:
-        return await self._send(self._calls.complete(action_key, attempt, result,
-                                                     provider_reference, now))
+        return await self._send(self._calls.complete(claim, result, provider_reference, now))
 
-    async def fail(self, action_key: str, attempt: int, error: Any, *, retryable: bool = False,
+    async def fail(self, claim: Claim | AttemptToken, error: Any, *, retryable: bool = False,
                    now: datetime | None = None) -> ReportOutcome:
-        return await self._send(self._calls.fail(action_key, attempt, error, retryable, now))
+        return await self._send(self._calls.fail(claim, error, retryable, now))
 
-    async def mark_unknown(self, action_key: str, attempt: int, error: Any, *,
+    async def mark_unknown(self, claim: Claim | AttemptToken, error: Any, *,
                            now: datetime | None = None) -> ReportOutcome:
-        return await self._send(self._calls.mark_unknown(action_key, attempt, error, now))
+        return await self._send(self._calls.mark_unknown(claim, error, now))
 
     async def resolve(self, action_key: str, state: ActionState | str, *, result: Any = None,
                       error: Any = None, provider_reference: str | None = None,

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+
+from replaysafe_pg.errors import SchemaNotInstalled
 
 
 class ActionState(enum.StrEnum):
@@ -37,7 +39,9 @@ _STATES: dict[str, ActionState] = {m.value: m for m in ActionState}
 
 @dataclass(frozen=True, slots=True)
 class Claim:
-    """What ``claim_action`` answered."""
+    """What ``claim_action`` answered, for ``action_key``. A ``claimed`` answer carries the
+    attempt's token, its capability: pass the claim itself to ``heartbeat``, ``complete``,
+    ``fail`` and ``mark_unknown`` (the token is never shown by ``repr``)."""
 
     outcome: ClaimOutcome
     state: ActionState
@@ -47,11 +51,29 @@ class Claim:
     error: Any
     idempotency_key: str
     provider_reference: str | None
+    attempt_token: str | None = field(default=None, repr=False)
+    action_key: str = ""
 
     @classmethod
-    def from_row(cls, row: tuple[Any, ...]) -> Claim:
+    def from_row(cls, row: tuple[Any, ...], action_key: str = "") -> Claim:
+        if len(row) < 9:  # a schema older than attempt tokens answers eight columns
+            raise SchemaNotInstalled(
+                "the replaysafe schema is older than this driver (its claims carry no attempt "
+                "token): migrate it (replaysafe-pg migrate)")
         # A dict lookup, not the Enum call: a replay's whole decoding is this line.
-        return cls(_CLAIM_OUTCOMES[row[0]], _STATES[row[1]], *row[2:])
+        return cls(_CLAIM_OUTCOMES[row[0]], _STATES[row[1]], row[2], row[3], row[4], row[5],
+                   row[6], row[7], row[8], action_key)
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptToken:
+    """An attempt's capability apart from the :class:`Claim` that carried it (a worker that
+    received the claim from another process, say): pass it where a claim is taken. The
+    token is never shown by ``repr``."""
+
+    action_key: str
+    attempt: int
+    attempt_token: str = field(repr=False)
 
 
 @dataclass(frozen=True, slots=True)

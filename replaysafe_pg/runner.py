@@ -267,19 +267,18 @@ class Report:
         return sent is not None and getattr(row, field) == _json.loads(sent)
 
     @classmethod
-    def success(cls, calls: Calls, plan: Plan, attempt: int, text: str) -> Report:
-        return cls(calls.complete(plan.key, attempt, Encoded(text), None, None),
-                   ActionState.SUCCEEDED)
+    def success(cls, calls: Calls, claim: Claim, text: str) -> Report:
+        return cls(calls.complete(claim, Encoded(text), None, None), ActionState.SUCCEEDED)
 
     @classmethod
-    def failure(cls, calls: Calls, plan: Plan, attempt: int, error: dict[str, Any],
+    def failure(cls, calls: Calls, claim: Claim, error: dict[str, Any],
                 retryable: bool) -> Report:
-        return cls(calls.fail(plan.key, attempt, Encoded(dump_error(error)), retryable, None),
+        return cls(calls.fail(claim, Encoded(dump_error(error)), retryable, None),
                    ActionState.RETRYABLE if retryable else ActionState.FAILED)
 
     @classmethod
-    def unknown(cls, calls: Calls, plan: Plan, attempt: int, error: dict[str, Any]) -> Report:
-        return cls(calls.mark_unknown(plan.key, attempt, Encoded(dump_error(error)), None),
+    def unknown(cls, calls: Calls, claim: Claim, error: dict[str, Any]) -> Report:
+        return cls(calls.mark_unknown(claim, Encoded(dump_error(error)), None),
                    ActionState.UNKNOWN)
 
 
@@ -418,7 +417,7 @@ def heartbeat_ticket(calls: Calls, plan: Plan, claim: Claim) -> Ticket:
         # The server's clock against ours: skew only moves the first heartbeat earlier (a
         # lease longer than asked is not believed).
         left = (claim.lease_expires_at - datetime.now(UTC)).total_seconds()
-    return Ticket(plan.key, claim.attempt, calls.heartbeat(plan.key, claim.attempt, plan.lease, None),
+    return Ticket(plan.key, claim.attempt, calls.heartbeat(claim, plan.lease, None),
                   plan.lease_seconds, left)
 
 
@@ -498,7 +497,6 @@ def wait(plan: Plan, claim: Claim, deadline: float, can_reconnect: bool) -> Step
 
 def execute(calls: Calls, plan: Plan, claim: Claim, ticket: Ticket) -> Steps[Execution]:
     """Run the claimed tool and record its outcome."""
-    attempt = claim.attempt
     kwargs = tool_kwargs(plan.args, plan.fn, claim.idempotency_key)
     try:
         result = yield RunTool(plan, kwargs)
@@ -507,7 +505,7 @@ def execute(calls: Calls, plan: Plan, claim: Claim, ticket: Ticket) -> Steps[Exe
         pending = started(plan, claim, ExecutionStatus.UNKNOWN, error=error)
         lost = ticket.lease_lost
         return finish(pending, lost, (yield from _record(
-            ticket, Report.unknown(calls, plan, attempt, error), pending)))
+            ticket, Report.unknown(calls, claim, error), pending)))
     except Exception as exc:
         retry = is_retryable(exc, plan.retryable)
         error = error_of(exc)
@@ -515,7 +513,7 @@ def execute(calls: Calls, plan: Plan, claim: Claim, ticket: Ticket) -> Steps[Exe
                           exception=exc)
         lost = ticket.lease_lost
         return finish(pending, lost, (yield from _record(
-            ticket, Report.failure(calls, plan, attempt, error, retry), pending)))
+            ticket, Report.failure(calls, claim, error, retry), pending)))
     except BaseException as exc:
         # KeyboardInterrupt, SystemExit, a cancelled task: the tool may have acted; never
         # leave it "running".
@@ -524,25 +522,25 @@ def execute(calls: Calls, plan: Plan, claim: Claim, ticket: Ticket) -> Steps[Exe
         pending = started(plan, claim, ExecutionStatus.UNKNOWN, error=error, exception=exc)
         # Logged; the interruption matters more.
         with contextlib.suppress(OutcomeNotRecorded, asyncio.CancelledError):
-            yield from _record(ticket, Report.unknown(calls, plan, attempt, error), pending)
+            yield from _record(ticket, Report.unknown(calls, claim, error), pending)
         raise
     if not plan.awaits and inspect.isawaitable(result):
         problem = unawaited_error(result)
         error = error_of(problem, reason="unawaited")
         pending = started(plan, claim, ExecutionStatus.FAILED, error=error, retryable=True)
-        yield from _record(ticket, Report.failure(calls, plan, attempt, error, True), pending)
+        yield from _record(ticket, Report.failure(calls, claim, error, True), pending)
         raise problem
     try:
         # The result returned is the one a replay reads back (docs/run.md).
         text, stored = dump_result(result, plan.key, plan.max_result_bytes, plan.encoder)
         pending = started(plan, claim, ExecutionStatus.SUCCEEDED, result=stored)
-        outcome = yield from _record(ticket, Report.success(calls, plan, attempt, text), pending)
+        outcome = yield from _record(ticket, Report.success(calls, claim, text), pending)
     except (UnstorableResult, InvalidArgument) as exc:
         refused = exc if isinstance(exc, UnstorableResult) else unstorable(
             plan.key, result, f"the database refused it: {exc}")
         error = unstorable_error(refused)
         pending = started(plan, claim, ExecutionStatus.UNKNOWN, error=error)
-        yield from _record(ticket, Report.unknown(calls, plan, attempt, error), pending)
+        yield from _record(ticket, Report.unknown(calls, claim, error), pending)
         raise refused from None
     return finish(pending, ticket.lease_lost, outcome)
 

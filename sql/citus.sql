@@ -54,7 +54,7 @@ DECLARE
     v_version text := (SELECT e.extversion FROM pg_catalog.pg_extension e WHERE e.extname = 'citus');
     v_revision text;
     -- The revision this script was written and reviewed for.
-    v_written_for constant text := '0010';
+    v_written_for constant text := '0011';
 BEGIN
     IF v_version IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '55000', MESSAGE =

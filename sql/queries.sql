@@ -8,16 +8,16 @@ SELECT * FROM replaysafe.claim_action(p_tenant_id => %(tenant_id)s, p_action_key
 SELECT * FROM replaysafe.claim_actions(p_tenant_id => %(tenant_id)s, p_action_keys => %(action_keys)s::text[], p_operations => %(operations)s::text[], p_requests => %(requests)s::jsonb[], p_worker_id => %(worker_id)s, p_lease => %(lease)s::interval, p_thread_id => %(thread_id)s::text, p_on_expired => %(on_expired)s, p_now => %(now)s::timestamptz, p_claim_tokens => %(claim_tokens)s::text[])
 
 -- name: heartbeat_action --
-SELECT replaysafe.heartbeat_action(p_tenant_id => %(tenant_id)s, p_action_key => %(action_key)s, p_attempt => %(attempt)s::integer, p_lease => %(lease)s::interval, p_now => %(now)s::timestamptz)
+SELECT replaysafe.heartbeat_action(p_tenant_id => %(tenant_id)s, p_action_key => %(action_key)s, p_attempt => %(attempt)s::integer, p_attempt_token => %(attempt_token)s::text, p_lease => %(lease)s::interval, p_now => %(now)s::timestamptz)
 
 -- name: complete_action --
-SELECT replaysafe.complete_action(p_tenant_id => %(tenant_id)s, p_action_key => %(action_key)s, p_attempt => %(attempt)s::integer, p_result => %(result)s::jsonb, p_provider_reference => %(provider_reference)s::text, p_now => %(now)s::timestamptz)
+SELECT replaysafe.complete_action(p_tenant_id => %(tenant_id)s, p_action_key => %(action_key)s, p_attempt => %(attempt)s::integer, p_attempt_token => %(attempt_token)s::text, p_result => %(result)s::jsonb, p_provider_reference => %(provider_reference)s::text, p_now => %(now)s::timestamptz)
 
 -- name: fail_action --
-SELECT replaysafe.fail_action(p_tenant_id => %(tenant_id)s, p_action_key => %(action_key)s, p_attempt => %(attempt)s::integer, p_error => %(error)s::jsonb, p_retryable => %(retryable)s::boolean, p_now => %(now)s::timestamptz)
+SELECT replaysafe.fail_action(p_tenant_id => %(tenant_id)s, p_action_key => %(action_key)s, p_attempt => %(attempt)s::integer, p_attempt_token => %(attempt_token)s::text, p_error => %(error)s::jsonb, p_retryable => %(retryable)s::boolean, p_now => %(now)s::timestamptz)
 
 -- name: mark_action_unknown --
-SELECT replaysafe.mark_action_unknown(p_tenant_id => %(tenant_id)s, p_action_key => %(action_key)s, p_attempt => %(attempt)s::integer, p_error => %(error)s::jsonb, p_now => %(now)s::timestamptz)
+SELECT replaysafe.mark_action_unknown(p_tenant_id => %(tenant_id)s, p_action_key => %(action_key)s, p_attempt => %(attempt)s::integer, p_attempt_token => %(attempt_token)s::text, p_error => %(error)s::jsonb, p_now => %(now)s::timestamptz)
 
 -- name: resolve_action --
 SELECT replaysafe.resolve_action(p_tenant_id => %(tenant_id)s, p_action_key => %(action_key)s, p_state => %(state)s, p_result => %(result)s::jsonb, p_error => %(error)s::jsonb, p_provider_reference => %(provider_reference)s::text, p_note => %(note)s::text, p_now => %(now)s::timestamptz, p_expected_attempt => %(expected_attempt)s::integer)

@@ -14,6 +14,26 @@ AS $$
     FROM replaysafe.installation i
 $$;
 
+-- An attempt's token, its capability (heartbeats and reports must present it). Made by the
+-- database, returned only in the claim's own answer; only its sha256 is stored. With a claim
+-- token it is derived from it (with the installation's token_secret: nested hash, each id
+-- length-prefixed), so a claim-token retry answers the same token again; without one it is
+-- random (244 bits). Never equal to the claim token.
+CREATE OR REPLACE FUNCTION replaysafe._attempt_token(p_tenant_id text, p_action_key text,
+                                                     p_attempt integer, p_claim_token text)
+RETURNS text
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT 'rsat_' || CASE
+        WHEN p_claim_token IS NULL
+            THEN replace(gen_random_uuid()::text || gen_random_uuid()::text, '-', '')
+        ELSE encode(sha256(i.token_secret || sha256(i.token_secret || convert_to(
+            length(p_tenant_id)::text || ':' || p_tenant_id || length(p_action_key)::text || ':'
+            || p_action_key || p_attempt::text || ':' || p_claim_token, 'UTF8'))), 'hex') END
+    FROM replaysafe.installation i
+$$;
+
 -- The caller holds the action's row lock.
 CREATE OR REPLACE FUNCTION replaysafe._keep_first_attempt(p_tenant_id text, p_action_key text)
 RETURNS void
@@ -22,9 +42,9 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     INSERT INTO replaysafe.action_attempts (tenant_id, action_key, attempt, worker_id, claimed_at,
                                             ended_at, outcome, superseded, error, result,
-                                            provider_reference)
+                                            provider_reference, attempt_token_hash)
     SELECT f.tenant_id, f.action_key, f.attempt, f.worker_id, f.claimed_at, f.ended_at, f.outcome,
-           f.superseded, f.error, f.result, f.provider_reference
+           f.superseded, f.error, f.result, f.provider_reference, f.attempt_token_hash
     FROM replaysafe._first_attempts f
     WHERE f.tenant_id = p_tenant_id AND f.action_key = p_action_key
     ON CONFLICT DO NOTHING
@@ -34,7 +54,8 @@ $$;
 -- Outcomes: claimed | replay | running | unknown; RS001 on a changed fingerprint.
 -- A replay or an "unknown" answer reads one row without locking and writes nothing.
 -- p_claim_token: a claim that repeats the token of the running attempt (its first answer was
--- lost) answers "claimed" again with that attempt and lease while the lease is live.
+-- lost) answers "claimed" again with that attempt, lease and attempt token while the lease is
+-- live. A "claimed" answer carries the attempt's token (see _attempt_token); no other does.
 CREATE OR REPLACE FUNCTION replaysafe.claim_action(
     p_tenant_id   text,
     p_action_key  text,
@@ -52,9 +73,13 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    a        replaysafe.actions;
-    v_found  boolean;
-    v_secret bytea;
+    a            replaysafe.actions;
+    v_found      boolean;
+    v_secret     bytea;
+    v_tokens     bytea;
+    v_claim_hash bytea;
+    v_token      text;
+    v_began      timestamptz;
 BEGIN
     IF (octet_length(p_tenant_id) BETWEEN 1 AND 1024 AND length(p_tenant_id) <= 512
         AND octet_length(p_action_key) BETWEEN 1 AND 1024 AND length(p_action_key) <= 512
@@ -63,7 +88,7 @@ BEGIN
         AND (p_thread_id IS NULL
              OR (octet_length(p_thread_id) BETWEEN 1 AND 1024 AND length(p_thread_id) <= 512))
         AND (p_claim_token IS NULL
-             OR (octet_length(p_claim_token) BETWEEN 1 AND 1024 AND length(p_claim_token) <= 512)))
+             OR (octet_length(p_claim_token) <= 1024 AND length(p_claim_token) BETWEEN 22 AND 512)))
        IS NOT TRUE THEN
         PERFORM replaysafe._check_id('p_tenant_id', p_tenant_id);
         PERFORM replaysafe._check_id('p_action_key', p_action_key);
@@ -71,6 +96,10 @@ BEGIN
         PERFORM replaysafe._check_id('p_worker_id', p_worker_id);
         PERFORM replaysafe._check_id('p_thread_id', p_thread_id, true);
         PERFORM replaysafe._check_id('p_claim_token', p_claim_token, true);
+        IF length(p_claim_token) < 22 THEN
+            PERFORM replaysafe._invalid('p_claim_token', 'must be a secret of at least 22 characters '
+                                        '(made from at least 128 random bits)');
+        END IF;
     END IF;
     IF p_request IS NULL OR jsonb_typeof(p_request) <> 'object' THEN
         PERFORM replaysafe._invalid('p_request', 'must be a JSON object');
@@ -95,6 +124,13 @@ BEGIN
         PERFORM replaysafe._acts_for(p_tenant_id);
     END IF;
 
+    IF p_claim_token IS NOT NULL THEN
+        v_claim_hash := sha256(convert_to(p_claim_token, 'UTF8'));
+    END IF;
+    -- When the caller's transaction began, in p_now's frame (see _claim_locked).
+    v_began := p_now - CASE WHEN clock_timestamp() - now() > interval '100 milliseconds'
+                            THEN clock_timestamp() - now() ELSE interval '0' END;
+
     -- Fast path, no lock: terminal and unknown actions answer from one read.
     SELECT * INTO a FROM replaysafe.actions x
     WHERE x.tenant_id = p_tenant_id AND x.action_key = p_action_key;
@@ -107,33 +143,44 @@ BEGIN
         END IF;
         IF a.state IN ('succeeded', 'failed') THEN
             RETURN ('replay', a.state, a.attempt, a.lease_expires_at, a.result, a.error,
-                a.idempotency_key, a.provider_reference)::replaysafe.claim_record;
+                a.idempotency_key, a.provider_reference, NULL)::replaysafe.claim_record;
         ELSIF a.state = 'unknown' THEN
             RETURN ('unknown', a.state, a.attempt, a.lease_expires_at, a.result, a.error,
-                a.idempotency_key, a.provider_reference)::replaysafe.claim_record;
-        ELSIF a.state = 'running' AND a.claim_token = p_claim_token
+                a.idempotency_key, a.provider_reference, NULL)::replaysafe.claim_record;
+        ELSIF a.state = 'running' AND a.claim_token_hash = v_claim_hash
               AND a.lease_expires_at > greatest(p_now, clock_timestamp()) THEN
             -- Our own claim, whose answer was lost: no lock needed, only the token's holder
             -- (who does not know it holds the lease) could move the action on.
             RETURN ('claimed', a.state, a.attempt, a.lease_expires_at, a.result, a.error,
-                a.idempotency_key, a.provider_reference)::replaysafe.claim_record;
-        ELSIF a.state = 'running' AND a.lease_expires_at > p_now AND a.has_waiters THEN
+                a.idempotency_key, a.provider_reference,
+                replaysafe._attempt_token(p_tenant_id, p_action_key, a.attempt, p_claim_token)
+                )::replaysafe.claim_record;
+        ELSIF a.state = 'running' AND a.lease_expires_at > v_began AND a.has_waiters THEN
             RETURN ('running', a.state, a.attempt, a.lease_expires_at, a.result, a.error,
-                a.idempotency_key, a.provider_reference)::replaysafe.claim_record;
+                a.idempotency_key, a.provider_reference, NULL)::replaysafe.claim_record;
         END IF;
     ELSE
         -- The key of replaysafe.idempotency_key(), computed here: a query without parameters
         -- keeps one cached plan (with them, every call would be planned anew: ~8 us).
-        SELECT i.key_secret INTO v_secret FROM replaysafe.installation i;
+        SELECT i.key_secret, i.token_secret INTO v_secret, v_tokens FROM replaysafe.installation i;
         a.idempotency_key := 'rs2_' || encode(sha256(v_secret || sha256(v_secret || convert_to(
             length(p_tenant_id)::text || ':' || p_tenant_id || p_action_key, 'UTF8'))), 'hex');
+        -- The first attempt's token, as _attempt_token makes it (inline: this is the hot path;
+        -- a claim-token retry, which calls _attempt_token, must answer the same token).
+        v_token := 'rsat_' || CASE
+            WHEN p_claim_token IS NULL
+                THEN replace(gen_random_uuid()::text || gen_random_uuid()::text, '-', '')
+            ELSE encode(sha256(v_tokens || sha256(v_tokens || convert_to(
+                length(p_tenant_id)::text || ':' || p_tenant_id || length(p_action_key)::text
+                || ':' || p_action_key || '1:' || p_claim_token, 'UTF8'))), 'hex') END;
         INSERT INTO replaysafe.actions AS x (
             tenant_id, action_key, thread_id, operation, request, state, attempt, on_expired,
-            idempotency_key, worker_id, lease_expires_at, created_at, updated_at, claim_token)
+            idempotency_key, worker_id, lease_expires_at, created_at, updated_at,
+            claim_token_hash, attempt_token_hash)
         VALUES (
             p_tenant_id, p_action_key, p_thread_id, p_operation, p_request, 'running', 1,
             p_on_expired, a.idempotency_key, p_worker_id,
-            p_now + p_lease, p_now, p_now, p_claim_token)
+            p_now + p_lease, p_now, p_now, v_claim_hash, sha256(convert_to(v_token, 'UTF8')))
         ON CONFLICT DO NOTHING
         -- Only what the answer needs (the rest is NULL): a whole row costs a copy.
         RETURNING x.state, x.attempt, x.lease_expires_at, x.idempotency_key
@@ -142,7 +189,7 @@ BEGIN
             -- No attempt row: the action row is the record of its first attempt until
             -- something else than that attempt's own report changes it (_keep_first_attempt).
             RETURN ('claimed', a.state, a.attempt, a.lease_expires_at, a.result, a.error,
-                a.idempotency_key, a.provider_reference)::replaysafe.claim_record;
+                a.idempotency_key, a.provider_reference, v_token)::replaysafe.claim_record;
         END IF;
         -- A concurrent claim created it first: decide under its row lock below.
     END IF;
@@ -153,7 +200,11 @@ BEGIN
 END
 $$;
 
--- The part of a claim that must change the row: waiters, expired leases, retries.
+-- The part of a claim that must change the row: waiters, expired leases, retries. A lease is
+-- taken over (reclaimed, or switched to unknown) only when it had expired before the caller's
+-- transaction began, in p_now's frame (p_now less the time since the transaction began,
+-- once that is more than the 100 ms a statement of its own may take): holding the row lock
+-- in a long transaction until a colleague's lease runs out gains nothing.
 CREATE OR REPLACE FUNCTION replaysafe._claim_locked(
     p_tenant_id text, p_action_key text, p_operation text, p_request jsonb,
     p_worker_id text, p_lease interval, p_thread_id text, p_on_expired text, p_now timestamptz,
@@ -163,7 +214,12 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    a replaysafe.actions;
+    a          replaysafe.actions;
+    v_began    timestamptz := p_now - CASE WHEN clock_timestamp() - now() > interval '100 milliseconds'
+                                           THEN clock_timestamp() - now() ELSE interval '0' END;
+    v_token    text;
+    v_hash     bytea := CASE WHEN p_claim_token IS NOT NULL
+                             THEN sha256(convert_to(p_claim_token, 'UTF8')) END;
 BEGIN
     SELECT * INTO a FROM replaysafe.actions x
     WHERE x.tenant_id = p_tenant_id AND x.action_key = p_action_key
@@ -181,21 +237,23 @@ BEGIN
 
     IF a.state IN ('succeeded', 'failed') THEN
         RETURN ('replay', a.state, a.attempt, a.lease_expires_at, a.result, a.error,
-                a.idempotency_key, a.provider_reference)::replaysafe.claim_record;
+                a.idempotency_key, a.provider_reference, NULL)::replaysafe.claim_record;
     ELSIF a.state = 'unknown' THEN
         RETURN ('unknown', a.state, a.attempt, a.lease_expires_at, a.result, a.error,
-                a.idempotency_key, a.provider_reference)::replaysafe.claim_record;
-    ELSIF a.state = 'running' AND a.claim_token = p_claim_token
+                a.idempotency_key, a.provider_reference, NULL)::replaysafe.claim_record;
+    ELSIF a.state = 'running' AND a.claim_token_hash = v_hash
               AND a.lease_expires_at > greatest(p_now, clock_timestamp()) THEN
         RETURN ('claimed', a.state, a.attempt, a.lease_expires_at, a.result, a.error,
-                a.idempotency_key, a.provider_reference)::replaysafe.claim_record;
-    ELSIF a.state = 'running' AND a.lease_expires_at > p_now THEN
+                a.idempotency_key, a.provider_reference,
+                replaysafe._attempt_token(p_tenant_id, p_action_key, a.attempt, p_claim_token)
+                )::replaysafe.claim_record;
+    ELSIF a.state = 'running' AND a.lease_expires_at > least(p_now, v_began) THEN
         IF NOT a.has_waiters THEN
             UPDATE replaysafe.actions x SET has_waiters = true
             WHERE x.tenant_id = p_tenant_id AND x.action_key = p_action_key;
         END IF;
         RETURN ('running', a.state, a.attempt, a.lease_expires_at, a.result, a.error,
-                a.idempotency_key, a.provider_reference)::replaysafe.claim_record;
+                a.idempotency_key, a.provider_reference, NULL)::replaysafe.claim_record;
     ELSIF a.state = 'running' THEN
         -- The lease ran out and nobody noticed yet: the attempt's effect is unknown.
         PERFORM replaysafe._expire_attempt(a, p_now);
@@ -204,7 +262,7 @@ BEGIN
             WHERE x.tenant_id = p_tenant_id AND x.action_key = p_action_key
             RETURNING * INTO a;
             RETURN ('unknown', a.state, a.attempt, a.lease_expires_at, a.result, a.error,
-                a.idempotency_key, a.provider_reference)::replaysafe.claim_record;
+                a.idempotency_key, a.provider_reference, NULL)::replaysafe.claim_record;
         END IF;
     END IF;
 
@@ -212,16 +270,19 @@ BEGIN
     IF a.attempt = 1 THEN
         PERFORM replaysafe._keep_first_attempt(p_tenant_id, p_action_key);
     END IF;
+    v_token := replaysafe._attempt_token(p_tenant_id, p_action_key, a.attempt + 1, p_claim_token);
     UPDATE replaysafe.actions x
     SET state = 'running', attempt = x.attempt + 1, worker_id = p_worker_id,
         lease_expires_at = p_now + p_lease, has_waiters = false, result = NULL, error = NULL,
-        provider_reference = NULL, updated_at = p_now, claim_token = p_claim_token
+        provider_reference = NULL, updated_at = p_now, claim_token_hash = v_hash,
+        attempt_token_hash = sha256(convert_to(v_token, 'UTF8'))
     WHERE x.tenant_id = p_tenant_id AND x.action_key = p_action_key
     RETURNING * INTO a;
-    INSERT INTO replaysafe.action_attempts (tenant_id, action_key, attempt, worker_id, claimed_at)
-    VALUES (p_tenant_id, p_action_key, a.attempt, p_worker_id, p_now);
+    INSERT INTO replaysafe.action_attempts (tenant_id, action_key, attempt, worker_id, claimed_at,
+                                            attempt_token_hash)
+    VALUES (p_tenant_id, p_action_key, a.attempt, p_worker_id, p_now, a.attempt_token_hash);
     RETURN ('claimed', a.state, a.attempt, a.lease_expires_at, a.result, a.error,
-                a.idempotency_key, a.provider_reference)::replaysafe.claim_record;
+                a.idempotency_key, a.provider_reference, v_token)::replaysafe.claim_record;
 END
 $$;
 
@@ -235,9 +296,11 @@ AS $$
 BEGIN
     -- A first attempt has no row yet (claim_action): it gets one, from the action row.
     INSERT INTO replaysafe.action_attempts AS t (tenant_id, action_key, attempt, worker_id,
-                                                 claimed_at, ended_at, outcome, error)
+                                                 claimed_at, ended_at, outcome, error,
+                                                 attempt_token_hash)
     VALUES (a.tenant_id, a.action_key, a.attempt, a.worker_id, a.created_at, p_now, 'unknown',
-            jsonb_build_object('reason', 'lease_expired', 'lease_expires_at', a.lease_expires_at))
+            jsonb_build_object('reason', 'lease_expired', 'lease_expires_at', a.lease_expires_at),
+            a.attempt_token_hash)
     ON CONFLICT (tenant_id, action_key, attempt) DO UPDATE
     SET outcome = excluded.outcome, ended_at = excluded.ended_at, error = excluded.error;
     -- A NOTIFY fails at commit once the queue is full (any role can fill it): then the

@@ -126,7 +126,8 @@ $$;
 
 -- Expired running leases become unknown (or retryable under on_expired = 'reclaim'), for
 -- the caller's tenant (every tenant for the unbound schema owner). Rows locked by a
--- concurrent claim or report are skipped: that caller decides them.
+-- concurrent claim or report are skipped: that caller decides them. As a claim, a sweep
+-- takes over only leases that had expired before its transaction began (p_now's frame).
 CREATE OR REPLACE FUNCTION replaysafe.sweep_expired_actions(
     p_limit integer     DEFAULT 1000,
     p_now   timestamptz DEFAULT clock_timestamp())
@@ -142,6 +143,7 @@ DECLARE
     v_all    boolean;
     v_tenants text[];
     v_actions text[];
+    v_began  timestamptz;
 BEGIN
     IF p_limit IS NULL OR p_limit < 1 THEN
         PERFORM replaysafe._invalid('p_limit', 'must be a positive integer');
@@ -153,18 +155,20 @@ BEGIN
     IF v_tenant IS NULL AND NOT v_all THEN
         RETURN 0;
     END IF;
+    v_began := p_now - CASE WHEN clock_timestamp() - now() > interval '100 milliseconds'
+                            THEN clock_timestamp() - now() ELSE interval '0' END;
 
     -- The batch first, locked: through (tenant_id, lease_expires_at) for a tenant's sweep, so it
     -- never walks other tenants' expired leases; through (lease_expires_at) for everyone's.
     IF v_tenant IS NULL THEN
         SELECT array_agg(d.tenant_id), array_agg(d.action_key) INTO v_tenants, v_actions
         FROM (SELECT x.tenant_id, x.action_key FROM replaysafe.actions x
-              WHERE x.state = 'running' AND x.lease_expires_at <= p_now
+              WHERE x.state = 'running' AND x.lease_expires_at <= v_began
               ORDER BY x.lease_expires_at LIMIT p_limit FOR UPDATE SKIP LOCKED) d;
     ELSE
         SELECT array_agg(d.tenant_id), array_agg(d.action_key) INTO v_tenants, v_actions
         FROM (SELECT x.tenant_id, x.action_key FROM replaysafe.actions x
-              WHERE x.tenant_id = v_tenant AND x.state = 'running' AND x.lease_expires_at <= p_now
+              WHERE x.tenant_id = v_tenant AND x.state = 'running' AND x.lease_expires_at <= v_began
               ORDER BY x.lease_expires_at LIMIT p_limit FOR UPDATE SKIP LOCKED) d;
     END IF;
     IF v_actions IS NULL THEN
@@ -173,7 +177,8 @@ BEGIN
 
     WITH due AS (
         SELECT x.tenant_id, x.action_key, x.attempt, x.on_expired, x.has_waiters,
-               x.idempotency_key, x.lease_expires_at, x.worker_id, x.created_at
+               x.idempotency_key, x.lease_expires_at, x.worker_id, x.created_at,
+               x.attempt_token_hash
         FROM unnest(v_tenants, v_actions) AS k(tenant_id, action_key)
         JOIN replaysafe.actions x ON x.tenant_id = k.tenant_id AND x.action_key = k.action_key
     ), moved AS (
@@ -185,9 +190,11 @@ BEGIN
         RETURNING x.tenant_id
     ), closed AS (  -- data-modifying CTEs always run to completion; see _expire_attempt
         INSERT INTO replaysafe.action_attempts AS t (tenant_id, action_key, attempt, worker_id,
-                                                     claimed_at, ended_at, outcome, error)
+                                                     claimed_at, ended_at, outcome, error,
+                                                     attempt_token_hash)
         SELECT d.tenant_id, d.action_key, d.attempt, d.worker_id, d.created_at, p_now, 'unknown',
-               jsonb_build_object('reason', 'lease_expired', 'lease_expires_at', d.lease_expires_at)
+               jsonb_build_object('reason', 'lease_expired', 'lease_expires_at', d.lease_expires_at),
+               d.attempt_token_hash
         FROM due d
         ON CONFLICT (tenant_id, action_key, attempt) DO UPDATE
         SET outcome = excluded.outcome, ended_at = excluded.ended_at, error = excluded.error

@@ -24,10 +24,13 @@ CREATE TABLE replaysafe.actions (
     updated_at         timestamptz NOT NULL,
     completed_at       timestamptz,
     resolved_at        timestamptz,
-    -- The claim token of the current attempt (SPEC §2): a claim repeating it while that
+    -- sha256 of the current attempt's claim token: a claim repeating the token while that
     -- attempt runs under a live lease gets the claim's lost answer again. Written with the
     -- claim itself (no extra write); never compared once the attempt left "running".
-    claim_token        text,
+    claim_token_hash   bytea,
+    -- sha256 of the current attempt's attempt token: heartbeats and reports of the attempt
+    -- must present the token (the attempt's capability; the token itself is never stored).
+    attempt_token_hash bytea,
     PRIMARY KEY (tenant_id, action_key)
 );
 
@@ -60,6 +63,9 @@ CREATE TABLE replaysafe.action_attempts (
     result             jsonb,
     error              jsonb,
     provider_reference text,
+    -- sha256 of the attempt's token (a first attempt's is copied from the action row when the
+    -- row is written): a superseded report must present it too.
+    attempt_token_hash bytea,
     PRIMARY KEY (tenant_id, action_key, attempt)
 );
 
@@ -71,7 +77,9 @@ CREATE TYPE replaysafe.claim_record AS (
     result             jsonb,
     error              jsonb,
     idempotency_key    text,
-    provider_reference text
+    provider_reference text,
+    -- The attempt's capability, in a "claimed" answer only (NULL in every other).
+    attempt_token      text
 );
 
 ALTER TABLE replaysafe.actions ENABLE ROW LEVEL SECURITY;

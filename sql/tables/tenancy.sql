@@ -27,16 +27,20 @@ CREATE TABLE replaysafe.role_bindings (
     CONSTRAINT role_bindings_pkey PRIMARY KEY (role_oid)
 );
 
--- The installation's secret: it salts the derived idempotency keys (and so the wake-up
--- payloads), so nobody who lacks it can confirm a guessed (tenant, key) pair.
+-- The installation's secrets. key_secret salts the derived idempotency keys (and so the
+-- wake-up payloads), so nobody who lacks it can confirm a guessed (tenant, key) pair;
+-- token_secret derives the attempt token of a claim made with a claim token, so that a
+-- claim-token retry can answer the same token again while only its hash is stored.
 CREATE TABLE replaysafe.installation (
-    id         boolean PRIMARY KEY DEFAULT true CHECK (id),
-    key_secret bytea NOT NULL CHECK (length(key_secret) >= 16),
-    created_at timestamptz NOT NULL DEFAULT now()
+    id           boolean PRIMARY KEY DEFAULT true CHECK (id),
+    key_secret   bytea NOT NULL CHECK (length(key_secret) >= 16),
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    token_secret bytea NOT NULL CHECK (length(token_secret) >= 16)
 );
--- 244 random bits from the server's strong random source (no extension needed).
-INSERT INTO replaysafe.installation (key_secret)
-VALUES (decode(replace(gen_random_uuid()::text || gen_random_uuid()::text, '-', ''), 'hex'));
+-- 244 random bits each from the server's strong random source (no extension needed).
+INSERT INTO replaysafe.installation (key_secret, token_secret)
+VALUES (decode(replace(gen_random_uuid()::text || gen_random_uuid()::text, '-', ''), 'hex'),
+        decode(replace(gen_random_uuid()::text || gen_random_uuid()::text, '-', ''), 'hex'));
 
 ALTER TABLE replaysafe.role_bindings ENABLE ROW LEVEL SECURITY;
 ALTER TABLE replaysafe.installation ENABLE ROW LEVEL SECURITY;

@@ -19,7 +19,7 @@ CREATE OR REPLACE VIEW replaysafe._first_attempts AS
 SELECT x.tenant_id, x.action_key, x.attempt, x.worker_id, x.created_at AS claimed_at,
        CASE WHEN x.state <> 'running' THEN x.updated_at END AS ended_at,
        CASE WHEN x.state <> 'running' THEN x.state END AS outcome,
-       false AS superseded, x.error, x.result, x.provider_reference
+       false AS superseded, x.error, x.result, x.provider_reference, x.attempt_token_hash
 FROM replaysafe.actions x
 WHERE x.attempt = 1
   AND NOT EXISTS (SELECT 1 FROM replaysafe.action_attempts t

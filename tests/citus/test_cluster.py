@@ -118,7 +118,7 @@ def test_a_bound_worker_runs_on_the_worker_that_holds_its_tenant(cluster: str,
         assert "pushing down the function call" not in notices
     with Ledger(_as(cluster, role), tenant_id=tenant) as led:
         first = led.claim("refund", "refund", {"n": 1})
-        assert led.complete("refund", first.attempt, {"ok": True}).value == "recorded"
+        assert led.complete(first, {"ok": True}).value == "recorded"
         assert led.claim("refund", "refund", {"n": 1}).outcome.value == "replay"
     with Threads(_as(cluster, role), tenant_id=tenant) as th:
         assert th.read("th").version == 1
@@ -132,7 +132,8 @@ def test_another_tenants_rows_are_refused_on_the_worker(cluster: str, tenant_rol
     with psycopg.connect(_as(cluster, role_a), autocommit=True) as c, \
             pytest.raises(AccessDenied), wrap_errors():
         c.execute("SELECT replaysafe.heartbeat_action(p_tenant_id => %s, p_action_key => 'k', "
-                  "p_attempt => 1, p_now => %s)", (tenant_b, datetime.now(UTC)))
+                  "p_attempt => 1, p_attempt_token => 'rsat_x', p_now => %s)",
+                  (tenant_b, datetime.now(UTC)))
 
 
 def test_sweep_runs_per_tenant_and_the_owners_all_tenant_sweep_is_refused(

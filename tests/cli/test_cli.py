@@ -28,7 +28,7 @@ def _unknown(led: Ledger, key: str, seconds: float = 0) -> None:
 def _succeeded(led: Ledger, key: str, seconds: float = 0, **kw: Any) -> None:
     c = led.claim(key, kw.pop("operation", "refund"), {"order": key}, lease=LEASE,
                   now=at(seconds), **kw)
-    led.complete(key, c.attempt, {"refund_id": f"re_{key}"}, now=at(seconds + 1))
+    led.complete(c, {"refund_id": f"re_{key}"}, now=at(seconds + 1))
 
 
 # --- migrate ---------------------------------------------------------------------------------
@@ -132,7 +132,7 @@ def test_actions_show_with_attempts(dsn: str) -> None:
         _unknown(led, "k")
         led.resolve("k", "retryable", note="provider says no refund")
         c = led.claim("k", "refund", {"order": "k"}, lease=LEASE, now=at(120))
-        led.complete("k", c.attempt, {"refund_id": "re_2"}, provider_reference="re_2", now=at(121))
+        led.complete(c, {"refund_id": "re_2"}, provider_reference="re_2", now=at(121))
     shown = run_json("actions", "show", "k", "--tenant", "t1", dsn=dsn)
     assert shown["action"]["state"] == "succeeded"
     assert shown["action"]["provider_reference"] == "re_2"
@@ -164,10 +164,10 @@ def test_audit_lists_unresolved_and_multi_effect_actions_and_exits_1(dsn: str) -
     with Ledger(dsn, tenant_id="t1") as led:
         _unknown(led, "lost")
         # Attempt 1 stalls, attempt 2 re-runs (reclaim policy), both report success.
-        led.claim("twice", "refund", {"o": 1}, lease=LEASE, on_expired="reclaim", now=at(0))
+        c1 = led.claim("twice", "refund", {"o": 1}, lease=LEASE, on_expired="reclaim", now=at(0))
         c2 = led.claim("twice", "refund", {"o": 1}, lease=LEASE, on_expired="reclaim", now=at(60))
-        led.complete("twice", c2.attempt, {"ok": 2}, now=at(61))
-        led.complete("twice", 1, {"ok": 1}, now=at(62))
+        led.complete(c2, {"ok": 2}, now=at(61))
+        led.complete(c1, {"ok": 1}, now=at(62))
     with Ledger(dsn, tenant_id="t2") as other:
         _unknown(other, "elsewhere")
     report = run_json("audit", dsn=dsn, exit_code=1)
@@ -351,9 +351,11 @@ def test_human_output_escapes_control_characters_in_every_value(dsn: str) -> Non
                       now=at(0))
         c2 = led.claim(EVIL + "2", "op\x1b[2J", {"o": 1}, lease=LEASE, on_expired="reclaim",
                        now=at(60))
-        led.complete(EVIL + "2", c2.attempt, {"ok": "\x1b[5m"}, now=at(61))
-        led.fail(EVIL + "2", c.attempt, {"message": "boom\x1b[1A\r\x9d"}, now=at(62))
-        led.complete(EVIL + "2", c.attempt, {"ok": 1}, now=at(63))
+        led.complete(c2, {"ok": "\x1b[5m"}, now=at(61))
+        # Attempt 1 (stale): an "unknown" with the error, then its success (a final report
+        # replaces a provisional "unknown" and keeps its error; it would not replace a failure).
+        led.mark_unknown(c, {"message": "boom\x1b[1A\r\x9d"}, now=at(62))
+        led.complete(c, {"ok": 1}, now=at(63))
         _unknown(led, EVIL + "3")
         led.resolve(EVIL + "3", "retryable", note="note\x1b[8m\x85")
     tenant = "t\x1b]0;owned\x07"

@@ -139,7 +139,7 @@ def seed_story(dsn: str) -> None:
     with Ledger(dsn, tenant_id="acme", worker_id="worker-1") as led:
         c = led.claim("refund:o_41", "refund_order", {"order_id": "o_41", "amount_cents": 900},
                       lease=LEASE, now=at(0))
-        led.complete("refund:o_41", c.attempt, {"refund_id": "re_3fba651dce7149"},
+        led.complete(c, {"refund_id": "re_3fba651dce7149"},
                      provider_reference="re_3fba651dce7149", now=at(1))
         for key, thread in (("refund:o_42", "th_1"), ("tc:4.th_1:5.msg_7:6.call_3", "th_1")):
             led.claim(key, "refund_order", {"order_id": "o_42", "amount_cents": 2500},
@@ -148,7 +148,7 @@ def seed_story(dsn: str) -> None:
                       thread_id=thread, lease=LEASE, now=at(4))
         c = led.claim("refund:o_43", "refund_order", {"order_id": "o_43", "amount_cents": 100},
                       lease=LEASE, now=at(5))
-        led.fail("refund:o_43", c.attempt, {"reason": "card_closed"}, now=at(6))
+        led.fail(c, {"reason": "card_closed"}, now=at(6))
         led.claim("refund:o_77:req_2", "refund_order", {"order_id": "o_77"},
                   lease=timedelta(hours=6), now=at(7))
     with Threads(dsn, tenant_id="acme", user_id="u_19") as th:

@@ -24,7 +24,7 @@ def _finished(dsn: str, count: int) -> None:
     with Ledger(dsn, tenant_id="t1") as led:
         for i in range(count):
             c = led.claim(f"k{i}", "refund", {"i": i}, lease=LEASE, now=at(i))
-            led.complete(f"k{i}", c.attempt, {"ok": True}, now=at(i + 1))
+            led.complete(c, {"ok": True}, now=at(i + 1))
 
 
 def _actions(dsn: str) -> int:

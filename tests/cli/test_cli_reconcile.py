@@ -73,12 +73,12 @@ def _asked(tmp_path: Path) -> list[str]:
 def _unknown(led: Ledger, key: str, order: str | None = None, operation: str = "refund") -> None:
     """An action whose outcome was lost: claimed, then marked unknown."""
     claim = led.claim(key, operation, {"order": order or key})
-    led.mark_unknown(key, claim.attempt, {"reason": "timeout"})
+    led.mark_unknown(claim, {"reason": "timeout"})
 
 
 def _failed(led: Ledger, key: str) -> None:
     claim = led.claim(key, "refund", {"order": key})
-    led.fail(key, claim.attempt, {"code": "card_declined"})
+    led.fail(claim, {"code": "card_declined"})
 
 
 def _state(dsn: str, tenant: str, key: str) -> str:
@@ -451,7 +451,7 @@ def test_reopen_json(dsn: str) -> None:
 def test_reopen_errors_are_one_line(dsn: str, make_role: Any) -> None:
     with Ledger(dsn, tenant_id="t1") as led:
         c = led.claim("done", "refund", {"order": 1})
-        led.complete("done", c.attempt, {"ok": True})
+        led.complete(c, {"ok": True})
         _failed(led, "failed")
     assert_one_line_error(run("reopen", "done", "--tenant", "t1", "--note", "n", dsn=dsn),
                           "InvalidTransition", "action done is succeeded; only failed actions "

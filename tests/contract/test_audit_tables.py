@@ -47,7 +47,7 @@ def test_composed_audit_queries(dsn: str, engine: sa.Engine) -> None:
     with Ledger(dsn, tenant_id="t1") as led:
         for key in ("a", "b"):
             c = led.claim(key, "refund", {"k": key}, lease=timedelta(seconds=30), now=at(0))
-            led.complete(key, c.attempt, {"ok": True}, now=at(1))
+            led.complete(c, {"ok": True}, now=at(1))
         led.claim("lost", "refund", {"k": 1}, lease=timedelta(seconds=30), now=at(0))
     a, u = audit.actions_v, audit.unresolved_actions
     with engine.connect() as conn:
@@ -80,12 +80,12 @@ def _doc_blocks(language: str) -> list[str]:
 
 def test_the_documented_audit_queries_run(dsn: str, engine: sa.Engine) -> None:
     with Ledger(dsn, tenant_id="acme", worker_id="w1") as led:
-        led.claim("twice", "refund", {"order_id": "o_1"}, lease=timedelta(seconds=30),
-                  on_expired="reclaim", thread_id="th_1", now=at(0))
+        c1 = led.claim("twice", "refund", {"order_id": "o_1"}, lease=timedelta(seconds=30),
+                       on_expired="reclaim", thread_id="th_1", now=at(0))
         c2 = led.claim("twice", "refund", {"order_id": "o_1"}, lease=timedelta(seconds=30),
                        on_expired="reclaim", thread_id="th_1", now=at(60))
-        led.complete("twice", c2.attempt, {"ok": 2}, now=at(61))
-        led.complete("twice", 1, {"ok": 1}, now=at(62))
+        led.complete(c2, {"ok": 2}, now=at(61))
+        led.complete(c1, {"ok": 1}, now=at(62))
         led.claim("lost", "refund", {"order_id": "o_2"}, lease=timedelta(seconds=30), now=at(0))
         led.claim("lost", "refund", {"order_id": "o_2"}, lease=timedelta(seconds=30), now=at(60))
     blocks = _doc_blocks("sql")

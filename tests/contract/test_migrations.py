@@ -302,10 +302,12 @@ def test_0005_upgrades_a_0004_installation_and_downgrades_back(new_db: Callable[
                   "p_operation => 'op', p_request => '{}', p_worker_id => 'w')")
     replaysafe_pg.migrate(dsn)
     with replaysafe_pg.Ledger(dsn, tenant_id="t") as led:
-        # An action claimed before the upgrade has no token: nothing matches it.
-        assert led.claim("old", "op", {}, claim_token="tok").outcome == "running"
-        assert led.claim("new", "op", {}, claim_token="tok").outcome == "claimed"
-        assert led.claim("new", "op", {}, claim_token="tok").outcome == "claimed"
+        # An action claimed before the upgrade has no token: nothing matches it. (A claim
+        # token has at least 22 characters since 0011.)
+        token = "tok" * 8
+        assert led.claim("old", "op", {}, claim_token=token).outcome == "running"
+        assert led.claim("new", "op", {}, claim_token=token).outcome == "claimed"
+        assert led.claim("new", "op", {}, claim_token=token).outcome == "claimed"
     replaysafe_pg.downgrade(dsn, "0004")
     assert schema_dump(dsn) == schema_dump(at_0004)
     assert versions(dsn) == ["0004"]

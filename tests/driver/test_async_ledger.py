@@ -15,6 +15,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from replaysafe_pg import (
     AsyncLedger,
+    AttemptToken,
     FingerprintConflict,
     InvalidArgument,
     InvalidTransition,
@@ -35,8 +36,8 @@ async def exercise_async(led: AsyncLedger, key: str = "k") -> None:
     c = await led.claim(key, "refund", {"order": 1}, now=T0)
     assert (c.outcome, c.attempt) == ("claimed", 1)
     assert (await led.claim(key, "refund", {"order": 1}, now=T0)).outcome == "running"
-    assert await led.heartbeat(key, 1, lease=60, now=T0) == T0 + timedelta(seconds=60)
-    assert await led.complete(key, 1, {"id": "re_1"}, now=T0) == "recorded"
+    assert await led.heartbeat(c, lease=60, now=T0) == T0 + timedelta(seconds=60)
+    assert await led.complete(c, {"id": "re_1"}, now=T0) == "recorded"
     replay = await led.claim(key, "refund", {"order": 1.0}, now=T0)
     assert (replay.outcome, replay.result) == ("replay", {"id": "re_1"})
     action = await led.get(key)
@@ -45,7 +46,7 @@ async def exercise_async(led: AsyncLedger, key: str = "k") -> None:
     with pytest.raises(FingerprintConflict):
         await led.claim(key, "refund", {"order": 2})
     with pytest.raises(LeaseLost):
-        await led.heartbeat(key, 1)
+        await led.heartbeat(c)
     with pytest.raises(InvalidTransition):
         await led.resolve(key, "failed")
     with pytest.raises(InvalidArgument):
@@ -53,9 +54,9 @@ async def exercise_async(led: AsyncLedger, key: str = "k") -> None:
     with pytest.raises(InvalidArgument):
         await led.claim("", "refund", {})
     other = await led.claim(f"{key}-2", "op", {}, on_expired="reclaim", now=T0)
-    assert await led.fail(f"{key}-2", other.attempt, {"e": 1}, retryable=True, now=T0) == "recorded"
+    assert await led.fail(other, {"e": 1}, retryable=True, now=T0) == "recorded"
     c3 = await led.claim(f"{key}-3", "op", {}, now=T0)
-    assert await led.mark_unknown(f"{key}-3", c3.attempt, {"t": 1}, now=T0) == "recorded"
+    assert await led.mark_unknown(c3, {"t": 1}, now=T0) == "recorded"
     assert await led.resolve(f"{key}-3", "succeeded", result={"ok": 1}, now=T0) == "succeeded"
     assert await led.sweep(now=T0) == 0
     assert await led.purge(timedelta(0), now=T0 + timedelta(seconds=1)) == 2
@@ -119,12 +120,12 @@ def test_async_ledger_rejects_what_it_cannot_use() -> None:
 def exercise_sync(led: Ledger, key: str = "k") -> None:
     c = led.claim(key, "refund", {"order": 1}, now=T0)
     assert (c.outcome, c.attempt) == ("claimed", 1)
-    assert led.complete(key, 1, {"id": 1}, now=T0) == "recorded"
+    assert led.complete(c, {"id": 1}, now=T0) == "recorded"
     assert led.claim(key, "refund", {"order": 1}, now=T0).outcome == "replay"
     with pytest.raises(FingerprintConflict):
         led.claim(key, "refund", {"order": 2})
     with pytest.raises(InvalidTransition):
-        led.complete("missing", 1, {})
+        led.complete(AttemptToken("missing", 1, "rsat_" + "0" * 64), {})
 
 
 @pytest.fixture

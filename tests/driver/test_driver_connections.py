@@ -30,7 +30,7 @@ def test_dict_row_connection_still_gets_typed_values(dsn: str) -> None:
         led = Ledger(conn, tenant_id="t1")
         c = led.claim("k", "op", {"a": 1})
         assert (c.outcome, c.attempt) == ("claimed", 1)
-        assert led.complete("k", c.attempt, {"ok": 1}) == "recorded"
+        assert led.complete(c, {"ok": 1}) == "recorded"
         assert led.get("k") is not None
         threads = Threads(conn, tenant_id="t1")
         assert threads.write("th", {"n": 1}, expected_version=0) == 1
@@ -150,8 +150,8 @@ def test_a_statement_keeps_its_cursor_and_lets_go_of_its_result(dsn: str) -> Non
         led.claim("k1", "op", {"a": 1})
         cursors = dict(_cursors(conn))
         transformers = {query: cur._tx for query, cur in cursors.items()}
-        led.claim("k2", "op", {"a": 2})
-        led.complete("k2", 1, {"ok": True})
+        c2 = led.claim("k2", "op", {"a": 2})
+        led.complete(c2, {"ok": True})
         assert len(_cursors(conn)) == len(cursors) + 1  # complete's own cursor
         for query, cur in cursors.items():
             assert _cursors(conn)[query] is cur and cur._tx is transformers[query]

@@ -29,7 +29,9 @@ def test_without_now_the_time_is_the_moment_of_the_call(dsn: str) -> None:
         params = _claim_params("k", lease)
         claim = conn.execute(queries.get("claim_action", params), params).fetchone()
         conn.execute("SELECT pg_sleep(1)")
-        beat = {"tenant_id": "t1", "action_key": "k", "attempt": 1, "lease": lease, "now": None}
+        assert claim is not None
+        beat = {"tenant_id": "t1", "action_key": "k", "attempt": 1, "attempt_token": claim[8],
+                "lease": lease, "now": None}
         extended = conn.execute(queries.get("heartbeat_action", beat), beat).fetchone()
         row = conn.execute("SELECT now()").fetchone()
         conn.rollback()

@@ -14,18 +14,25 @@ from typing import Any
 
 import psycopg
 
-CLAIM_SQL = ("SELECT outcome, attempt FROM replaysafe.claim_action("
+CLAIM_SQL = ("SELECT outcome, attempt, attempt_token FROM replaysafe.claim_action("
              "p_tenant_id => 't1', p_action_key => %(key)s, p_operation => 'refund', "
              "p_request => '{\"order\": 42}', p_worker_id => %(worker)s, "
              "p_lease => '30 seconds', p_on_expired => %(policy)s, p_now => %(now)s)")
 
 
-def claim_sql(conn: psycopg.Connection[Any], key: str, now: Any, *, worker: str = "w",
-              policy: str = "unknown") -> tuple[str, int]:
+def claim_with_token(conn: psycopg.Connection[Any], key: str, now: Any, *, worker: str = "w",
+                     policy: str = "unknown") -> tuple[str, int, str | None]:
+    """The claim's outcome, attempt and attempt token (set only when it is "claimed")."""
     row = conn.execute(CLAIM_SQL, {"key": key, "worker": worker, "policy": policy,
                                    "now": now}).fetchone()
     assert row is not None
-    return row[0], row[1]
+    return row[0], row[1], row[2]
+
+
+def claim_sql(conn: psycopg.Connection[Any], key: str, now: Any, *, worker: str = "w",
+              policy: str = "unknown") -> tuple[str, int]:
+    outcome, attempt, _ = claim_with_token(conn, key, now, worker=worker, policy=policy)
+    return outcome, attempt
 
 
 def install_transition_log(conn: psycopg.Connection[Any]) -> None:

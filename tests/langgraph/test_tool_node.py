@@ -123,7 +123,7 @@ def test_an_unknown_outcome_reaches_the_model_as_an_error(dsn: str, tmp_path: Pa
         ai = graph.get_state(config).values["messages"][-1]
         key = tool_call_key(thread_id, ai.id, "call_charge")
         claim = ledger.claim(key, "charge", {"args": {"amount": 500}}, thread_id=thread_id)
-        ledger.mark_unknown(key, claim.attempt, {"message": "timeout"})
+        ledger.mark_unknown(claim, {"message": "timeout"})
         out = graph.invoke(None, config, durability="sync")
     message = [m for m in out["messages"] if isinstance(m, ToolMessage)][-1]
     assert message.status == "error" and "not known" in message.content

@@ -45,7 +45,7 @@ def provider_lookup(url: str) -> Callable[[Action], Succeeded | NotFound]:
 
 def unknown(led: Ledger, key: str, operation: str = "charge") -> None:
     c = led.claim(key, operation, {"amount": 500})
-    led.mark_unknown(key, c.attempt, {"reason": "timeout"})
+    led.mark_unknown(c, {"reason": "timeout"})
 
 
 # --- the crash windows, then the reconciler ---------------------------------------------------

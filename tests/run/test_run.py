@@ -230,7 +230,7 @@ def test_waiting_with_a_single_given_connection(dsn: str) -> None:
         waiter = Ledger(waiter_conn, tenant_id="t1", worker_id="w2")
         claim = owner.claim("k", "t", {})
         import threading
-        finisher = threading.Timer(0.3, lambda: owner.complete("k", claim.attempt, "fine"))
+        finisher = threading.Timer(0.3, lambda: owner.complete(claim, "fine"))
         finisher.start()
         ex = waiter.run("t", Tool(), {}, key="k", wait_timeout=5)
         finisher.join()

@@ -225,7 +225,7 @@ def test_a_claim_cancelled_by_statement_timeout_is_sent_again(dsn: str) -> None:
     tool = Tool()
     with Ledger(low, tenant_id="t1", worker_id="w") as led:
         first = led.claim("k", "op", {"n": 1})
-        led.fail("k", first.attempt, {"why": "flaky"}, retryable=True)
+        led.fail(first, {"why": "flaky"}, retryable=True)
         with psycopg.connect(dsn) as locker:  # holds the action's row lock for 0.6 s
             locker.execute("SELECT 1 FROM replaysafe.actions WHERE action_key = 'k' FOR UPDATE")
             released = threading.Timer(0.6, locker.commit)

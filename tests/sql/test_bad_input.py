@@ -18,11 +18,19 @@ import psycopg
 import pytest
 from helpers.db import cloned_database, reset_ledger
 
-from replaysafe_pg import AsyncLedger, InvalidArgument, Ledger, Threads
+from replaysafe_pg import AsyncLedger, AttemptToken, InvalidArgument, Ledger, Threads
 
 T0 = "2026-01-01 12:00:00+00"
 LONG = "x" * 513
 MAX = "y" * 512
+# The attempt tokens of setup_actions' claims live in the session (they are made by the
+# database and only their hashes are stored): the token of attempt 1 of `key`.
+REPORTS = ("heartbeat_action", "complete_action", "fail_action", "mark_action_unknown")
+
+
+def token_of(key: str) -> str:
+    return f"current_setting('rs_test.token_{key}')"
+
 
 # Named arguments of each function, as SQL expressions of a call that would succeed.
 VALID: dict[str, dict[str, str]] = {
@@ -38,17 +46,21 @@ VALID: dict[str, dict[str, str]] = {
         "p_on_expired": "'unknown'", "p_now": f"'{T0}'::timestamptz"},
     "heartbeat_action": {
         "p_tenant_id": "'t1'", "p_action_key": "'live'", "p_attempt": "1",
+        "p_attempt_token": token_of("live"),
         "p_lease": "'60 seconds'::interval", "p_now": f"'{T0}'::timestamptz + interval '5 s'"},
     "complete_action": {
         "p_tenant_id": "'t1'", "p_action_key": "'live'", "p_attempt": "1",
+        "p_attempt_token": token_of("live"),
         "p_result": "'{\"ok\": 1}'::jsonb", "p_provider_reference": "'re_1'::text",
         "p_now": f"'{T0}'::timestamptz + interval '5 s'"},
     "fail_action": {
         "p_tenant_id": "'t1'", "p_action_key": "'live'", "p_attempt": "1",
+        "p_attempt_token": token_of("live"),
         "p_error": "'{\"e\": 1}'::jsonb", "p_retryable": "false",
         "p_now": f"'{T0}'::timestamptz + interval '5 s'"},
     "mark_action_unknown": {
         "p_tenant_id": "'t1'", "p_action_key": "'live'", "p_attempt": "1",
+        "p_attempt_token": token_of("live"),
         "p_error": "'{\"e\": 1}'::jsonb", "p_now": f"'{T0}'::timestamptz + interval '5 s'"},
     "resolve_action": {
         "p_tenant_id": "'t1'", "p_action_key": "'unk'", "p_state": "'succeeded'",
@@ -65,10 +77,10 @@ VALID: dict[str, dict[str, str]] = {
 ID_ARGS = {
     "claim_action": ["p_tenant_id", "p_action_key", "p_operation", "p_worker_id", "p_thread_id"],
     "claim_actions": ["p_tenant_id", "p_worker_id", "p_thread_id"],
-    "heartbeat_action": ["p_tenant_id", "p_action_key"],
-    "complete_action": ["p_tenant_id", "p_action_key"],
-    "fail_action": ["p_tenant_id", "p_action_key"],
-    "mark_action_unknown": ["p_tenant_id", "p_action_key"],
+    "heartbeat_action": ["p_tenant_id", "p_action_key", "p_attempt_token"],
+    "complete_action": ["p_tenant_id", "p_action_key", "p_attempt_token"],
+    "fail_action": ["p_tenant_id", "p_action_key", "p_attempt_token"],
+    "mark_action_unknown": ["p_tenant_id", "p_action_key", "p_attempt_token"],
     "resolve_action": ["p_tenant_id", "p_action_key"],
     "bind_role_to_tenant": ["p_tenant_id"],
 }
@@ -81,14 +93,14 @@ SQL_TYPES = {"p_tenant_id": "text", "p_action_key": "text", "p_operation": "text
              "p_request": "jsonb", "p_worker_id": "text", "p_lease": "interval",
              "p_thread_id": "text", "p_on_expired": "text", "p_now": "timestamptz",
              "p_action_keys": "text[]", "p_operations": "text[]", "p_requests": "jsonb[]",
-             "p_attempt": "integer", "p_result": "jsonb", "p_error": "jsonb",
+             "p_attempt": "integer", "p_attempt_token": "text", "p_result": "jsonb", "p_error": "jsonb",
              "p_retryable": "boolean", "p_state": "text", "p_provider_reference": "text",
              "p_note": "text", "p_limit": "integer", "p_older_than": "interval",
              "p_role": "text"}
 
 
 def _cases() -> list[tuple[str, str, str, str]]:
-    """(function, argument, bad SQL expression, argument the message must name)."""
+    """(function, argument, bad SQL expression, argument the message must name): RS005."""
     cases: list[tuple[str, str, str, str]] = []
     for fn, args in ID_ARGS.items():
         for arg in args:
@@ -114,9 +126,18 @@ def _cases() -> list[tuple[str, str, str, str]]:
         for value in ("0", "-1"):
             cases.append((fn, "p_limit", value, "p_limit"))
     cases.append(("purge_actions", "p_older_than", "'-1 second'::interval", "p_older_than"))
-    for fn in ("heartbeat_action", "complete_action", "fail_action", "mark_action_unknown"):
+    for fn in REPORTS:
         for value in ("0", "-1"):
             cases.append((fn, "p_attempt", value, "p_attempt"))
+    # Claim tokens: secrets of 22 to 512 characters (ID_ARGS-like bounds otherwise).
+    short = "'" + "t" * 21 + "'"
+    cases += [
+        ("claim_action", "p_claim_token", short, "p_claim_token"),
+        ("claim_action", "p_claim_token", "''", "p_claim_token"),
+        ("claim_action", "p_claim_token", f"'{LONG}'", "p_claim_token"),
+        ("claim_actions", "p_claim_tokens", f"ARRAY[{short}, NULL]", "p_claim_token"),
+        ("claim_actions", "p_claim_tokens", f"ARRAY['{LONG}', NULL]", "p_claim_token"),
+    ]
     # Array elements of the batch claim.
     cases += [
         ("claim_actions", "p_action_keys", "ARRAY['', 'n2']", "p_action_key"),
@@ -133,18 +154,45 @@ def _cases() -> list[tuple[str, str, str, str]]:
     return cases
 
 
+def _denied_cases() -> list[tuple[str, str, str]]:
+    """(function, action, a well-formed attempt token that is not attempt 1's): RS004. On the
+    running action and on the one that is unknown (where its own token would be late)."""
+    cases: list[tuple[str, str, str]] = []
+    for fn in REPORTS:
+        for key, other in (("live", "unk"), ("unk", "live")):
+            cases += [
+                (fn, key, token_of(other)),  # another attempt's real token
+                (fn, key, f"upper({token_of(key)})"),  # its own, changed
+                (fn, key, f"{token_of(key)} || 'x'"),
+                (fn, key, "'rsat_' || repeat('0', 64)"),
+            ]
+    return cases
+
+
 def call_sql(fn: str, args: dict[str, str]) -> str:
     named = ", ".join(f"{k} => {v}" for k, v in args.items())
     return f"SELECT * FROM replaysafe.{fn}({named})"
 
 
 def setup_actions(conn: psycopg.Connection[Any]) -> None:
-    """live: running attempt 1 (lease until T0+30s); unk: unknown; done: succeeded at T0."""
+    """live: running attempt 1 (lease until T0+30s); unk: unknown; done: succeeded at T0.
+    Each attempt's token is kept in the session as rs_test.token_<key> (see token_of)."""
     for key in ("live", "unk", "done"):
-        conn.execute(call_sql("claim_action", VALID["claim_action"] | {
-            "p_action_key": f"'{key}'", "p_thread_id": "NULL::text"}))
-    conn.execute(f"SELECT replaysafe.mark_action_unknown('t1', 'unk', 1, '{{}}', '{T0}')")
-    conn.execute(f"SELECT replaysafe.complete_action('t1', 'done', 1, '{{}}', NULL, '{T0}')")
+        row = conn.execute(call_sql("claim_action", VALID["claim_action"] | {
+            "p_action_key": f"'{key}'", "p_thread_id": "NULL::text"})).fetchone()
+        assert row is not None and row[0] == "claimed"
+        conn.execute("SELECT set_config(%s, %s, false)", (f"rs_test.token_{key}", row[8]))
+    conn.execute(f"SELECT replaysafe.mark_action_unknown('t1', 'unk', 1, {token_of('unk')}, "
+                 f"'{{}}', '{T0}')")
+    conn.execute(f"SELECT replaysafe.complete_action('t1', 'done', 1, {token_of('done')}, "
+                 f"'{{}}', NULL, '{T0}')")
+
+
+def live_attempt(conn: psycopg.Connection[Any]) -> AttemptToken:
+    """The driver's handle on the running attempt of setup_actions."""
+    row = conn.execute("SELECT current_setting('rs_test.token_live')").fetchone()
+    assert row is not None
+    return AttemptToken("live", 1, row[0])
 
 
 def snapshot(conn: psycopg.Connection[Any]) -> tuple[Any, ...]:
@@ -220,6 +268,19 @@ def test_bad_arguments_raise_rs005_naming_the_argument_and_write_nothing(
         if snapshot(prepared) != before:
             failures.append(f"{fn}({arg} => {bad[:20]}): wrote something")
             before = snapshot(prepared)
+    # A well-formed token that is not the attempt's: RS004 (access denied), nothing written.
+    for fn, key, bad in _denied_cases():
+        sql = call_sql(fn, VALID[fn] | {"p_action_key": f"'{key}'", "p_attempt_token": bad})
+        try:
+            prepared.execute(sql)
+        except psycopg.Error as exc:
+            if exc.sqlstate != "RS004":
+                failures.append(f"{fn}({key}, {bad[:40]}): {exc.sqlstate} {exc.diag.message_primary}")
+        else:
+            failures.append(f"{fn}({key}, {bad[:40]}): no error")
+        if snapshot(prepared) != before:
+            failures.append(f"{fn}({key}, {bad[:40]}): wrote something")
+            before = snapshot(prepared)
     assert failures == []
     assert len(_cases()) > 100
 
@@ -230,8 +291,9 @@ def test_512_character_ids_are_accepted(conn: psycopg.Connection[Any]) -> None:
     c = conn.execute(call_sql("claim_action", VALID["claim_action"] | ids)).fetchone()
     assert c is not None and c[0] == "claimed"
     key = {"p_tenant_id": f"'{MAX}'", "p_action_key": f"'{MAX}'"}
-    conn.execute(call_sql("heartbeat_action", VALID["heartbeat_action"] | key))
-    assert conn.execute(call_sql("mark_action_unknown", VALID["mark_action_unknown"] | key)
+    token = {"p_attempt_token": f"'{c[8]}'"}
+    conn.execute(call_sql("heartbeat_action", VALID["heartbeat_action"] | key | token))
+    assert conn.execute(call_sql("mark_action_unknown", VALID["mark_action_unknown"] | key | token)
                         ).fetchone() == ("recorded",)
     assert conn.execute(call_sql("resolve_action", VALID["resolve_action"] | key)
                         ).fetchone() == ("succeeded",)
@@ -260,12 +322,12 @@ BAD_JSON: list[Any] = [{"x": Opaque()}, {"x": math.nan}, {"x": math.inf}, {"x": 
                        {"a\u0000": 1}, {"x": {1, 2}}, {"x": b"bytes"}]
 
 
-def driver_calls(led: Ledger) -> list[tuple[str, Callable[[Any], Any]]]:
+def driver_calls(led: Ledger, live: AttemptToken) -> list[tuple[str, Callable[[Any], Any]]]:
     return [
         ("claim", lambda v: led.claim("new", "op", v)),
-        ("complete", lambda v: led.complete("live", 1, v)),
-        ("fail", lambda v: led.fail("live", 1, v)),
-        ("mark_unknown", lambda v: led.mark_unknown("live", 1, v)),
+        ("complete", lambda v: led.complete(live, v)),
+        ("fail", lambda v: led.fail(live, v)),
+        ("mark_unknown", lambda v: led.mark_unknown(live, v)),
         ("resolve result", lambda v: led.resolve("unk", "succeeded", result=v)),
         ("resolve error", lambda v: led.resolve("unk", "failed", error=v)),
     ]
@@ -274,7 +336,7 @@ def driver_calls(led: Ledger) -> list[tuple[str, Callable[[Any], Any]]]:
 def test_driver_rejects_values_json_cannot_carry(prepared: psycopg.Connection[Any],
                                                  ledger: Ledger) -> None:
     before = snapshot(prepared)
-    for name, call in driver_calls(ledger):
+    for name, call in driver_calls(ledger, live_attempt(prepared)):
         for value in BAD_JSON:
             with pytest.raises(InvalidArgument):
                 call(value)
@@ -293,6 +355,8 @@ def test_driver_rejects_a_non_object_request(prepared: psycopg.Connection[Any], 
 def test_driver_rejects_bad_ids_and_leases(prepared: psycopg.Connection[Any], ledger: Ledger,
                                            dsn: str) -> None:
     before = snapshot(prepared)
+    live = live_attempt(prepared)
+    replayed = ledger.claim("done", "refund", {"order": 1})  # a replay holds no attempt
     attempts: list[Callable[[], Any]] = [
         lambda: ledger.claim("a\u0000b", "op", {}),
         lambda: ledger.claim("", "op", {}),
@@ -302,8 +366,15 @@ def test_driver_rejects_bad_ids_and_leases(prepared: psycopg.Connection[Any], le
         lambda: ledger.claim("new", "op", {}, lease=0),
         lambda: ledger.claim("new", "op", {}, lease="30s"),  # type: ignore[arg-type]
         lambda: ledger.claim("new", "op", {}, on_expired="sometimes"),
-        lambda: ledger.heartbeat("live", 0),
-        lambda: ledger.heartbeat("live", 1, lease=timedelta(seconds=-5)),
+        lambda: ledger.heartbeat(AttemptToken("live", 0, live.attempt_token)),
+        lambda: ledger.heartbeat(live, lease=timedelta(seconds=-5)),
+        # The attempt's token is required: a key where the claim goes (the old form with the
+        # attempt too is a TypeError), none, an empty or an over-long one.
+        lambda: ledger.heartbeat("live"),  # type: ignore[arg-type]
+        lambda: ledger.complete("live", {}),  # type: ignore[arg-type]
+        lambda: ledger.complete(replayed, {}),
+        lambda: ledger.fail(AttemptToken("live", 1, ""), {}),
+        lambda: ledger.mark_unknown(AttemptToken("live", 1, LONG), {}),
         lambda: ledger.resolve("unk", "running"),
         lambda: ledger.sweep(limit=0),
         lambda: ledger.purge(-1),
@@ -332,7 +403,7 @@ def _tool() -> dict[str, int]:
     return {"ok": 1}
 
 
-def id_calls(led: Ledger, dsn: str) -> list[tuple[str, Callable[[Any], Any]]]:
+def id_calls(led: Ledger, dsn: str, token: str) -> list[tuple[str, Callable[[Any], Any]]]:
     def construct(**kw: Any) -> Any:
         with Ledger(dsn, **kw) as fresh:
             return fresh.claim("new", "op", {})
@@ -351,10 +422,10 @@ def id_calls(led: Ledger, dsn: str) -> list[tuple[str, Callable[[Any], Any]]]:
         ("claim thread", lambda v: led.claim("new", "op", {}, thread_id=v)),
         ("claim_many key", lambda v: led.claim_many([(v, "op", {})])),
         ("claim_many operation", lambda v: led.claim_many([("new", v, {})])),
-        ("heartbeat", lambda v: led.heartbeat(v, 1)),
-        ("complete", lambda v: led.complete(v, 1, {})),
-        ("fail", lambda v: led.fail(v, 1, {})),
-        ("mark_unknown", lambda v: led.mark_unknown(v, 1, {})),
+        ("heartbeat", lambda v: led.heartbeat(AttemptToken(v, 1, token))),
+        ("complete", lambda v: led.complete(AttemptToken(v, 1, token), {})),
+        ("fail", lambda v: led.fail(AttemptToken(v, 1, token), {})),
+        ("mark_unknown", lambda v: led.mark_unknown(AttemptToken(v, 1, token), {})),
         ("resolve", lambda v: led.resolve(v, "succeeded", result={})),
         ("get", lambda v: led.get(v)),
         ("attempts", lambda v: led.attempts(v)),
@@ -376,7 +447,7 @@ def test_driver_rejects_ids_that_are_not_text(prepared: psycopg.Connection[Any],
     function of that signature) or a raw psycopg error."""
     before = snapshot(prepared)
     failures = []
-    for name, call in id_calls(ledger, dsn):
+    for name, call in id_calls(ledger, dsn, live_attempt(prepared).attempt_token):
         for value in NOT_TEXT:
             try:
                 call(value)
@@ -395,7 +466,7 @@ def test_driver_rejects_empty_long_and_unencodable_ids(prepared: psycopg.Connect
                                                        ledger: Ledger, dsn: str) -> None:
     before = snapshot(prepared)
     failures = []
-    for name, call in id_calls(ledger, dsn):
+    for name, call in id_calls(ledger, dsn, live_attempt(prepared).attempt_token):
         if name in ("get", "attempts"):  # reads: nothing to refuse, nothing found
             continue
         for value in BAD_TEXT:
@@ -416,7 +487,7 @@ def test_ids_at_both_limits_are_accepted(conn: psycopg.Connection[Any], dsn: str
     with Ledger(dsn, tenant_id=widest, worker_id=widest) as led:
         c = led.claim(widest, widest, {}, thread_id=widest)
         assert c.outcome == "claimed"
-        assert led.complete(widest, c.attempt, {}) == "recorded"
+        assert led.complete(c, {}) == "recorded"
 
 
 BAD_LEASES: list[Any] = [math.inf, -math.inf, math.nan, 0, 0.0, -1, 1e300, 7 * 86400 + 1,
@@ -428,10 +499,11 @@ def test_driver_rejects_leases_out_of_range(prepared: psycopg.Connection[Any],
                                             ledger: Ledger) -> None:
     """Positive, finite, at most 7 days (docs/sql-ledger.md). inf used to raise OverflowError."""
     before = snapshot(prepared)
+    live = live_attempt(prepared)
     calls: list[tuple[str, Callable[[Any], Any]]] = [
         ("claim", lambda v: ledger.claim("new", "op", {}, lease=v)),
         ("claim_many", lambda v: ledger.claim_many([("new", "op", {})], lease=v)),
-        ("heartbeat", lambda v: ledger.heartbeat("live", 1, lease=v)),
+        ("heartbeat", lambda v: ledger.heartbeat(live, lease=v)),
         ("run", lambda v: ledger.run("op", _tool, {}, key="new", lease=v)),
         ("run_many", lambda v: ledger.run_many([("op", _tool, {}, "new")], lease=v)),
     ]
@@ -457,6 +529,8 @@ def test_driver_rejects_bad_older_than_and_other_arguments(prepared: psycopg.Con
                                                            ledger: Ledger) -> None:
     before = snapshot(prepared)
     naive = datetime(2026, 1, 1, 12, 0)  # no time zone: the point
+    live = live_attempt(prepared)
+    token = live.attempt_token
     attempts: dict[str, Callable[[], Any]] = {
         "older_than inf": lambda: ledger.purge(math.inf),
         "older_than nan": lambda: ledger.purge(math.nan),
@@ -464,16 +538,17 @@ def test_driver_rejects_bad_older_than_and_other_arguments(prepared: psycopg.Con
         "older_than -1s": lambda: ledger.purge(timedelta(seconds=-1)),
         "older_than huge": lambda: ledger.purge(1e300),
         "older_than text": lambda: ledger.purge("7d"),
-        "attempt text": lambda: ledger.complete("live", "1", {}),  # type: ignore[arg-type]
-        "attempt float": lambda: ledger.complete("live", 1.4, {}),  # type: ignore[arg-type]
-        "attempt bool": lambda: ledger.heartbeat("live", True),
+        "attempt text": lambda: ledger.complete(AttemptToken("live", "1", token), {}),  # type: ignore[arg-type]
+        "attempt float": lambda: ledger.complete(AttemptToken("live", 1.4, token), {}),  # type: ignore[arg-type]
+        "attempt bool": lambda: ledger.heartbeat(AttemptToken("live", True, token)),
+        "token bytes": lambda: ledger.complete(AttemptToken("live", 1, token.encode()), {}),  # type: ignore[arg-type]
         "limit float": lambda: ledger.sweep(limit=1.5),  # type: ignore[arg-type]
         "limit bool": lambda: ledger.purge(0, limit=True),
-        "retryable text": lambda: ledger.fail("live", 1, {}, retryable="no"),  # type: ignore[arg-type]
+        "retryable text": lambda: ledger.fail(live, {}, retryable="no"),  # type: ignore[arg-type]
         "naive now": lambda: ledger.sweep(now=naive),
         "text now": lambda: ledger.sweep(now="2026-01-01"),  # type: ignore[arg-type]
         "note": lambda: ledger.resolve("unk", "succeeded", note=42),  # type: ignore[arg-type]
-        "reference": lambda: ledger.complete("live", 1, {}, provider_reference=42),  # type: ignore[arg-type]
+        "reference": lambda: ledger.complete(live, {}, provider_reference=42),  # type: ignore[arg-type]
         "on_expired": lambda: ledger.claim("new", "op", {}, on_expired=1),  # type: ignore[arg-type]
         "wait_timeout nan": lambda: ledger.run("op", _tool, {}, key="new", wait_timeout=math.nan),
         "timeout inf": lambda: ledger.run("op", _tool, {}, key="new", timeout=math.inf),

@@ -15,6 +15,9 @@ import psycopg
 import pytest
 from helpers.db import bind, connect_as
 
+# The world holds no action: any well-formed token will do (no attempt has it).
+TOKEN = "'rsat_0123456789abcdef0123456789abcdef'"
+
 CALLS = {
     "claim_action": "SELECT replaysafe.claim_action(p_tenant_id => %(t)s, p_action_key => 'k', "
                     "p_operation => 'pay', p_request => '{}', p_worker_id => 'w')",
@@ -23,13 +26,14 @@ CALLS = {
     "claim_actions": "SELECT replaysafe.claim_actions(p_tenant_id => %(t)s, p_action_keys => '{k}', "
                      "p_operations => '{pay}', p_requests => ARRAY['{}'::jsonb], p_worker_id => 'w')",
     "heartbeat_action": "SELECT replaysafe.heartbeat_action(p_tenant_id => %(t)s, p_action_key => 'k', "
-                        "p_attempt => 1)",
+                        f"p_attempt => 1, p_attempt_token => {TOKEN})",
     "complete_action": "SELECT replaysafe.complete_action(p_tenant_id => %(t)s, p_action_key => 'k', "
-                       "p_attempt => 1, p_result => '{}')",
+                       f"p_attempt => 1, p_attempt_token => {TOKEN}, p_result => '{{}}')",
     "fail_action": "SELECT replaysafe.fail_action(p_tenant_id => %(t)s, p_action_key => 'k', "
-                   "p_attempt => 1, p_error => '{}')",
+                   f"p_attempt => 1, p_attempt_token => {TOKEN}, p_error => '{{}}')",
     "mark_action_unknown": "SELECT replaysafe.mark_action_unknown(p_tenant_id => %(t)s, "
-                           "p_action_key => 'k', p_attempt => 1, p_error => '{}')",
+                           f"p_action_key => 'k', p_attempt => 1, p_attempt_token => {TOKEN}, "
+                           "p_error => '{}')",
     "read_thread": "SELECT * FROM replaysafe.read_thread(p_tenant_id => %(t)s, p_thread_id => 't')",
     "write_thread": "SELECT replaysafe.write_thread(p_tenant_id => %(t)s, p_thread_id => 't', "
                     "p_expected_version => 0, p_state => '{}')",

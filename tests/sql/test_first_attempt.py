@@ -42,31 +42,31 @@ def stored(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
 
 def test_claim_and_complete_write_no_attempt_row_yet_the_view_shows_it(
         ledger: Ledger, conn: Any) -> None:
-    claim(ledger)
+    c = claim(ledger)
     assert stored(conn) == []
     assert view(conn) == [(1, "w1", at(0), None, None, False, None, None)]
-    ledger.complete("k", 1, {"ok": True}, now=at(1))
+    ledger.complete(c, {"ok": True}, now=at(1))
     assert stored(conn) == []
     assert view(conn) == [(1, "w1", at(0), at(1), "succeeded", False, {"ok": True}, None)]
-    ledger.complete("k", 1, {"ok": True}, now=at(2))  # a retried commit that had landed
+    ledger.complete(c, {"ok": True}, now=at(2))  # a retried commit that had landed
     assert view(conn) == [(1, "w1", at(0), at(1), "succeeded", False, {"ok": True}, None)]
 
 
 @pytest.mark.parametrize("how", ["failed", "retryable", "unknown"])
 def test_the_attempts_own_report_is_its_row(ledger: Ledger, conn: Any, how: str) -> None:
-    claim(ledger)
+    c = claim(ledger)
     if how == "unknown":
-        ledger.mark_unknown("k", 1, {"why": "timeout"}, now=at(1))
+        ledger.mark_unknown(c, {"why": "timeout"}, now=at(1))
     else:
-        ledger.fail("k", 1, {"why": "card"}, retryable=how == "retryable", now=at(1))
+        ledger.fail(c, {"why": "card"}, retryable=how == "retryable", now=at(1))
     error = {"why": "timeout" if how == "unknown" else "card"}
     assert stored(conn) == []
     assert view(conn) == [(1, "w1", at(0), at(1), how, False, None, error)]
 
 
 def test_a_second_attempt_keeps_the_first_ones_row(ledger: Ledger, conn: Any) -> None:
-    claim(ledger)
-    ledger.fail("k", 1, {"why": "busy"}, retryable=True, now=at(1))
+    c = claim(ledger)
+    ledger.fail(c, {"why": "busy"}, retryable=True, now=at(1))
     claim(ledger, seconds=2)
     first = (1, "w1", at(0), at(1), "retryable", False, None, {"why": "busy"})
     assert stored(conn) == [first, (2, "w1", at(2), None, None, False, None, None)]
@@ -88,39 +88,39 @@ def test_an_expiry_writes_the_first_attempts_row(ledger: Ledger, conn: Any,
 
 def test_an_operators_resolution_leaves_the_attempts_own_outcome(
         ledger: Ledger, conn: Any) -> None:
-    claim(ledger)
-    ledger.mark_unknown("k", 1, {"why": "timeout"}, now=at(1))
+    c = claim(ledger)
+    ledger.mark_unknown(c, {"why": "timeout"}, now=at(1))
     ledger.resolve("k", "succeeded", result={"found": True}, note="seen at the bank", now=at(5))
     attempt = (1, "w1", at(0), at(1), "unknown", False, None, {"why": "timeout"})
     assert stored(conn) == [attempt] and view(conn) == [attempt]
     # ... and a zombie report of that attempt after the resolution is kept, superseded.
-    assert ledger.complete("k", 1, {"late": True}, now=at(6)) == "superseded"
+    assert ledger.complete(c, {"late": True}, now=at(6)) == "superseded"
     assert view(conn) == [(1, "w1", at(0), at(1), "succeeded", True, {"late": True},
                            {"why": "timeout"})]
 
 
 def test_a_reopen_leaves_the_attempts_own_failure(ledger: Ledger, conn: Any) -> None:
-    claim(ledger)
-    ledger.fail("k", 1, {"why": "card"}, now=at(1))
+    c = claim(ledger)
+    ledger.fail(c, {"why": "card"}, now=at(1))
     ledger.reopen("k", note="card replaced", now=at(5))
     attempt = (1, "w1", at(0), at(1), "failed", False, None, {"why": "card"})
     assert stored(conn) == [attempt] and view(conn) == [attempt]
 
 
 def test_a_late_report_after_the_attempts_own_unknown(ledger: Ledger, conn: Any) -> None:
-    claim(ledger)
-    ledger.mark_unknown("k", 1, {"why": "timeout"}, now=at(1))
-    assert ledger.complete("k", 1, {"ok": True}, now=at(2)) == "late"
+    c = claim(ledger)
+    ledger.mark_unknown(c, {"why": "timeout"}, now=at(1))
+    assert ledger.complete(c, {"ok": True}, now=at(2)) == "late"
     assert view(conn) == [(1, "w1", at(0), at(1), "succeeded", False, {"ok": True},
                            {"why": "timeout"})]
 
 
 def test_a_success_after_the_attempts_own_failure_shows(ledger: Ledger, conn: Any) -> None:
-    claim(ledger)
-    ledger.fail("k", 1, {"why": "card"}, now=at(1))
-    assert ledger.complete("k", 1, {"ok": True}, now=at(2)) == "superseded"
-    assert view(conn) == [(1, "w1", at(0), at(1), "succeeded", True, {"ok": True},
-                           {"why": "card"})]
+    c = claim(ledger)
+    ledger.fail(c, {"why": "card"}, now=at(1))
+    assert ledger.complete(c, {"ok": True}, now=at(2)) == "superseded"
+    # An attempt's final report is written once: the later success leaves its row as it was.
+    assert view(conn) == [(1, "w1", at(0), at(1), "failed", False, None, {"why": "card"})]
     assert ledger.get("k").state == "failed"  # type: ignore[union-attr]
 
 
@@ -141,8 +141,7 @@ def test_0007_downgrade_writes_every_first_attempts_row(empty_dsn: str) -> None:
     replaysafe_pg.migrate(dsn)
     with Ledger(dsn, tenant_id="t1", worker_id="w1") as led, \
             psycopg.connect(dsn, autocommit=True) as conn:
-        claim(led)
-        led.complete("k", 1, {"ok": True}, now=at(1))
+        led.complete(claim(led), {"ok": True}, now=at(1))
         led.claim("running", "refund", {}, lease=LEASE, now=at(0))
         before = conn.execute(f"SELECT action_key, {COLUMNS} FROM replaysafe.action_attempts_v "
                               "ORDER BY 1, 2").fetchall()
@@ -151,8 +150,11 @@ def test_0007_downgrade_writes_every_first_attempts_row(empty_dsn: str) -> None:
         after = conn.execute(f"SELECT action_key, {COLUMNS} FROM replaysafe.action_attempts "
                              "ORDER BY 1, 2").fetchall()
         assert after == before
-        # 0006's complete updates the row the downgrade wrote.
-        led.complete("running", 1, {"ok": 2}, now=at(1))
+        # 0006's complete (no attempt token: the driver speaks 0011's) updates the row the
+        # downgrade wrote.
+        conn.execute("SELECT replaysafe.complete_action(p_tenant_id => 't1', "
+                     "p_action_key => 'running', p_attempt => 1, p_result => '{\"ok\": 2}', "
+                     "p_now => %s)", (at(1),))
         assert conn.execute("SELECT outcome::text FROM replaysafe.action_attempts "
                             "WHERE action_key = 'running'").fetchone() == ("succeeded",)
         replaysafe_pg.migrate(dsn)  # and up again: the stored rows are used as they are
@@ -168,9 +170,11 @@ def test_the_downgrade_waits_for_a_claim_in_flight(empty_dsn: str) -> None:
     dsn = empty_dsn
     replaysafe_pg.migrate(dsn)
     with psycopg.connect(dsn, autocommit=True) as conn, psycopg.connect(dsn) as worker:
-        worker.execute("SELECT * FROM replaysafe.claim_action(p_tenant_id => 't1', "
-                       "p_action_key => 'k', p_operation => 'refund', p_request => '{}', "
-                       "p_worker_id => 'w1', p_now => %s)", (at(0),))
+        claimed = worker.execute("SELECT attempt_token FROM replaysafe.claim_action("
+                                 "p_tenant_id => 't1', p_action_key => 'k', p_operation => 'refund', "
+                                 "p_request => '{}', p_worker_id => 'w1', p_now => %s)",
+                                 (at(0),)).fetchone()
+        assert claimed is not None
         down = threading.Thread(target=replaysafe_pg.downgrade, args=(dsn, "0006"))
         down.start()
         pid = worker.info.backend_pid
@@ -182,7 +186,8 @@ def test_the_downgrade_waits_for_a_claim_in_flight(empty_dsn: str) -> None:
         else:
             raise AssertionError("the downgrade never waited for the worker")
         worker.execute("SELECT replaysafe.complete_action(p_tenant_id => 't1', p_action_key => 'k', "
-                       "p_attempt => 1, p_result => '{\"ok\": 1}', p_now => %s)", (at(1),))
+                       "p_attempt => 1, p_attempt_token => %s, p_result => '{\"ok\": 1}', "
+                       "p_now => %s)", (claimed[0], at(1)))
         worker.commit()
         down.join(60)
         assert replaysafe_pg.current_revision(dsn) == "0006"

@@ -28,13 +28,19 @@ def at(seconds: float) -> datetime:
     return T0 + timedelta(seconds=seconds)
 
 
+# The attempt token of each tenant's live lease (every world seeds anew).
+LIVE_TOKENS: dict[str, str] = {}
+
+
 def seed(dsn: str, tenant: str) -> None:
     """Per tenant: a finished old action, an expired lease, a live lease, two threads."""
     with Ledger(dsn, tenant_id=tenant, worker_id="w") as led:
         done = led.claim("done", "refund", {"n": 1}, lease=30, now=at(0))
-        led.complete("done", done.attempt, {"ok": tenant}, now=at(1))
+        led.complete(done, {"ok": tenant}, now=at(1))
         led.claim("expired", "refund", {"n": 2}, lease=30, now=at(0))
-        led.claim("live", "refund", {"n": 3}, lease=3600, now=at(0))
+        live = led.claim("live", "refund", {"n": 3}, lease=3600, now=at(0))
+        assert live.attempt_token is not None
+        LIVE_TOKENS[tenant] = live.attempt_token
     with Threads(dsn, tenant_id=tenant) as th:
         th.write("shared", {"tenant": tenant}, 0)
         th.write("shared", {"tenant": tenant, "v": 2}, 1)
@@ -87,8 +93,10 @@ def snapshot(dsn: str) -> dict[str, list[tuple[Any, ...]]]:
 
 
 def thread_and_ledger_calls(tenant: str) -> list[str]:
-    """One call of every function that takes a tenant, for ``tenant``."""
+    """One call of every function that takes a tenant, for ``tenant`` (the reports and the
+    heartbeat with the token of its live attempt: what is refused is the tenant)."""
     t = f"p_tenant_id => '{tenant}'"
+    tok = f"p_attempt_token => '{LIVE_TOKENS[tenant]}'"
     return [
         f"replaysafe.claim_action({t}, p_action_key => 'new', p_operation => 'refund', "
         "p_request => '{}', p_worker_id => 'w')",
@@ -96,10 +104,12 @@ def thread_and_ledger_calls(tenant: str) -> list[str]:
         "p_request => '{\"n\": 1}', p_worker_id => 'w')",
         f"replaysafe.claim_actions({t}, p_action_keys => '{{new2}}', p_operations => '{{refund}}', "
         "p_requests => ARRAY['{}'::jsonb], p_worker_id => 'w')",
-        f"replaysafe.heartbeat_action({t}, p_action_key => 'live', p_attempt => 1)",
-        f"replaysafe.complete_action({t}, p_action_key => 'live', p_attempt => 1, p_result => '{{}}')",
-        f"replaysafe.fail_action({t}, p_action_key => 'live', p_attempt => 1, p_error => '{{}}')",
-        f"replaysafe.mark_action_unknown({t}, p_action_key => 'live', p_attempt => 1, "
+        f"replaysafe.heartbeat_action({t}, p_action_key => 'live', p_attempt => 1, {tok})",
+        f"replaysafe.complete_action({t}, p_action_key => 'live', p_attempt => 1, {tok}, "
+        "p_result => '{}')",
+        f"replaysafe.fail_action({t}, p_action_key => 'live', p_attempt => 1, {tok}, "
+        "p_error => '{}')",
+        f"replaysafe.mark_action_unknown({t}, p_action_key => 'live', p_attempt => 1, {tok}, "
         "p_error => '{}')",
         f"replaysafe.read_thread({t}, p_thread_id => 'shared')",
         f"replaysafe.write_thread({t}, p_thread_id => 'shared', p_expected_version => 2, "

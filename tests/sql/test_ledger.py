@@ -11,6 +11,7 @@ from helpers.db import derived_key
 
 from replaysafe_pg import (
     ActionState,
+    AttemptToken,
     FingerprintConflict,
     InvalidTransition,
     LeaseLost,
@@ -23,6 +24,11 @@ LEASE = timedelta(seconds=30)
 
 def at(seconds: float) -> datetime:
     return T0 + timedelta(seconds=seconds)
+
+
+def unclaimed(key: str, attempt: int) -> AttemptToken:
+    """An attempt nobody claimed (no action, or no such attempt): its token is made up."""
+    return AttemptToken(key, attempt, "rsat_" + "0" * 64)
 
 
 def claim(led: Ledger, key: str = "k", request: dict[str, Any] | None = None,
@@ -56,13 +62,13 @@ def test_new_key_is_claimed_with_attempt_1_and_a_lease(ledger: Ledger, dsn: str)
 
 def test_terminal_actions_replay_their_recorded_outcome(ledger: Ledger) -> None:
     c = claim(ledger)
-    ledger.complete("k", c.attempt, {"refund_id": "re_1"}, provider_reference="re_1", now=at(1))
+    ledger.complete(c, {"refund_id": "re_1"}, provider_reference="re_1", now=at(1))
     again = claim(ledger, seconds=2)
     assert (again.outcome, again.state, again.result) == ("replay", "succeeded", {"refund_id": "re_1"})
     assert again.provider_reference == "re_1"
 
     c2 = claim(ledger, key="k2")
-    ledger.fail("k2", c2.attempt, {"message": "card declined"}, now=at(1))
+    ledger.fail(c2, {"message": "card declined"}, now=at(1))
     replay = claim(ledger, key="k2", seconds=2)
     assert (replay.outcome, replay.state, replay.error) == (
         "replay", "failed", {"message": "card declined"})
@@ -77,7 +83,7 @@ def test_live_lease_answers_running_and_registers_a_waiter(ledger: Ledger, conn:
 
 def test_replay_and_unknown_answers_write_nothing(ledger: Ledger, conn: Any) -> None:
     c = claim(ledger)
-    ledger.complete("k", c.attempt, {"ok": True}, now=at(1))
+    ledger.complete(c, {"ok": True}, now=at(1))
     # No transaction id is assigned: the claim is a pure read.
     conn.execute("BEGIN")
     conn.execute("SELECT * FROM replaysafe.claim_action('t1', 'k', 'refund', '{\"order\": 42}', 'w9')")
@@ -169,7 +175,7 @@ def test_sweep_moves_expired_leases_by_policy(ledger: Ledger, conn: Any) -> None
     claim(ledger, key="b", on_expired="reclaim")
     claim(ledger, key="live", seconds=20)
     c = claim(ledger, key="done")
-    ledger.complete("done", c.attempt, 1, now=at(1))
+    ledger.complete(c, 1, now=at(1))
     assert ledger.sweep(now=at(29)) == 0
     assert ledger.sweep(now=at(30)) == 2
     assert row(conn, "a")["state"] == "unknown"
@@ -189,8 +195,8 @@ def test_sweep_respects_limit(ledger: Ledger) -> None:
 
 def test_heartbeat_extends_the_lease_even_after_expiry_if_unnoticed(ledger: Ledger) -> None:
     c = claim(ledger)
-    assert ledger.heartbeat("k", c.attempt, lease=LEASE, now=at(20)) == at(50)
-    assert ledger.heartbeat("k", c.attempt, lease=LEASE, now=at(55)) == at(85)
+    assert ledger.heartbeat(c, lease=LEASE, now=at(20)) == at(50)
+    assert ledger.heartbeat(c, lease=LEASE, now=at(55)) == at(85)
     assert claim(ledger, seconds=60).outcome == "running"
 
 
@@ -198,27 +204,27 @@ def test_heartbeat_after_expiry_was_noticed_raises_lease_lost(ledger: Ledger) ->
     c = claim(ledger)
     ledger.sweep(now=at(31))
     with pytest.raises(LeaseLost):
-        ledger.heartbeat("k", c.attempt, now=at(32))
+        ledger.heartbeat(c, now=at(32))
 
 
 def test_heartbeat_with_stale_attempt_never_touches_the_new_one(ledger: Ledger, conn: Any) -> None:
-    claim(ledger, on_expired="reclaim")
+    old = claim(ledger, on_expired="reclaim")
     new = claim(ledger, seconds=31)
     with pytest.raises(LeaseLost):
-        ledger.heartbeat("k", 1, lease=timedelta(hours=1), now=at(32))
+        ledger.heartbeat(old, lease=timedelta(hours=1), now=at(32))
     assert row(conn)["lease_expires_at"] == new.lease_expires_at
 
 
 def test_heartbeat_on_missing_action_raises_lease_lost(ledger: Ledger) -> None:
     with pytest.raises(LeaseLost):
-        ledger.heartbeat("nope", 1)
+        ledger.heartbeat(unclaimed("nope", 1))
 
 
 # --- reports: recorded / late / superseded ----------------------------------------------
 
 def test_complete_records_and_closes_the_attempt(ledger: Ledger, conn: Any) -> None:
     c = claim(ledger)
-    assert ledger.complete("k", c.attempt, {"id": 1}, provider_reference="re_1", now=at(5)) \
+    assert ledger.complete(c, {"id": 1}, provider_reference="re_1", now=at(5)) \
         == "recorded"
     r = row(conn)
     assert (r["state"], r["result"], r["provider_reference"], r["completed_at"]) == (
@@ -229,7 +235,7 @@ def test_complete_records_and_closes_the_attempt(ledger: Ledger, conn: Any) -> N
 
 def test_report_after_lease_ran_out_but_unnoticed_is_recorded(ledger: Ledger) -> None:
     c = claim(ledger)
-    assert ledger.complete("k", c.attempt, 1, now=at(100)) == "recorded"
+    assert ledger.complete(c, 1, now=at(100)) == "recorded"
 
 
 @pytest.mark.parametrize("policy", ["unknown", "reclaim"])
@@ -238,7 +244,7 @@ def test_late_report_after_sweep_resolves_the_action(ledger: Ledger, conn: Any,
     c = claim(ledger, on_expired=policy)
     ledger.sweep(now=at(31))
     assert row(conn)["state"] == ("unknown" if policy == "unknown" else "retryable")
-    assert ledger.complete("k", c.attempt, {"id": 1}, now=at(40)) == "late"
+    assert ledger.complete(c, {"id": 1}, now=at(40)) == "late"
     assert row(conn)["state"] == "succeeded"
     assert attempts(conn)[0]["outcome"] == "succeeded"
     assert claim(ledger, seconds=41).outcome == "replay"
@@ -247,24 +253,24 @@ def test_late_report_after_sweep_resolves_the_action(ledger: Ledger, conn: Any,
 def test_late_report_after_claim_noticed_expiry(ledger: Ledger, conn: Any) -> None:
     c = claim(ledger)
     claim(ledger, seconds=31)
-    assert ledger.fail("k", c.attempt, {"e": 1}, now=at(40)) == "late"
+    assert ledger.fail(c, {"e": 1}, now=at(40)) == "late"
     assert row(conn)["state"] == "failed"
 
 
 def test_report_after_own_mark_unknown_is_late(ledger: Ledger, conn: Any) -> None:
     c = claim(ledger)
-    assert ledger.mark_unknown("k", c.attempt, {"reason": "timeout"}, now=at(5)) == "recorded"
+    assert ledger.mark_unknown(c, {"reason": "timeout"}, now=at(5)) == "recorded"
     assert row(conn)["state"] == "unknown"
     assert claim(ledger, seconds=6).outcome == "unknown"
-    assert ledger.complete("k", c.attempt, {"id": 9}, now=at(7)) == "late"
+    assert ledger.complete(c, {"id": 9}, now=at(7)) == "late"
     assert row(conn)["state"] == "succeeded"
 
 
 def test_report_after_own_retryable_failure_is_superseded(ledger: Ledger, conn: Any) -> None:
     c = claim(ledger)
-    assert ledger.fail("k", c.attempt, {"e": "503"}, retryable=True, now=at(1)) == "recorded"
+    assert ledger.fail(c, {"e": "503"}, retryable=True, now=at(1)) == "recorded"
     # The attempt already made its final report: a later one does not rewrite it.
-    assert ledger.complete("k", c.attempt, {"id": 1}, now=at(2)) == "superseded"
+    assert ledger.complete(c, {"id": 1}, now=at(2)) == "superseded"
     assert row(conn)["state"] == "retryable"
     assert claim(ledger, seconds=3).outcome == "claimed"
 
@@ -273,36 +279,36 @@ def test_zombie_report_cannot_overturn_an_operator_resolution(ledger: Ledger, co
     c = claim(ledger)
     ledger.sweep(now=at(31))
     ledger.resolve("k", "retryable", note="checked: not charged", now=at(40))
-    assert ledger.fail("k", c.attempt, {"e": "late"}, now=at(41)) == "superseded"
+    assert ledger.fail(c, {"e": "late"}, now=at(41)) == "superseded"
     assert row(conn)["state"] == "retryable"
     second = claim(ledger, seconds=42)
     assert (second.outcome, second.attempt) == ("claimed", 2)
     # The resolution was about attempt 1: attempt 2's own late report still resolves.
     ledger.sweep(now=at(80))
-    assert ledger.complete("k", second.attempt, {"id": 2}, now=at(81)) == "late"
+    assert ledger.complete(second, {"id": 2}, now=at(81)) == "late"
     assert row(conn)["state"] == "succeeded"
 
 
 def test_stale_attempt_report_is_superseded_and_never_overwrites(ledger: Ledger, conn: Any) -> None:
-    claim(ledger, on_expired="reclaim")
+    old = claim(ledger, on_expired="reclaim")
     new = claim(ledger, seconds=31)
-    for report in (lambda: ledger.complete("k", 1, {"from": "old"}, now=at(32)),
-                   lambda: ledger.fail("k", 1, {"from": "old"}, now=at(33)),
-                   lambda: ledger.mark_unknown("k", 1, {"from": "old"}, now=at(34))):
+    for report in (lambda: ledger.complete(old, {"from": "old"}, now=at(32)),
+                   lambda: ledger.fail(old, {"from": "old"}, now=at(33)),
+                   lambda: ledger.mark_unknown(old, {"from": "old"}, now=at(34))):
         assert report() == "superseded"
     r = row(conn)
     assert (r["state"], r["attempt"], r["result"]) == ("running", 2, None)
     old = attempts(conn)[0]
     assert (old["superseded"], old["outcome"]) == (True, "succeeded")
-    assert ledger.complete("k", new.attempt, {"from": "new"}, now=at(40)) == "recorded"
+    assert ledger.complete(new, {"from": "new"}, now=at(40)) == "recorded"
     assert row(conn)["result"] == {"from": "new"}
 
 
 def test_report_after_final_outcome_is_superseded(ledger: Ledger, conn: Any) -> None:
     c = claim(ledger)
-    ledger.complete("k", c.attempt, {"n": 1}, now=at(1))
-    assert ledger.fail("k", c.attempt, {"n": 2}, now=at(2)) == "superseded"
-    assert ledger.complete("k", c.attempt, {"n": 3}, now=at(3)) == "superseded"
+    ledger.complete(c, {"n": 1}, now=at(1))
+    assert ledger.fail(c, {"n": 2}, now=at(2)) == "superseded"
+    assert ledger.complete(c, {"n": 3}, now=at(3)) == "superseded"
     assert row(conn)["result"] == {"n": 1}
     # The attempt's own recorded report stays as it was: it did reach the action.
     a = attempts(conn)[0]
@@ -312,10 +318,12 @@ def test_report_after_final_outcome_is_superseded(ledger: Ledger, conn: Any) -> 
 
 def test_success_reported_after_a_recorded_failure_still_shows(ledger: Ledger, conn: Any) -> None:
     c = claim(ledger)
-    ledger.fail("k", c.attempt, {"e": "timeout"}, now=at(1))
-    assert ledger.complete("k", c.attempt, {"n": 1}, now=at(2)) == "superseded"
+    ledger.fail(c, {"e": "timeout"}, now=at(1))
+    assert ledger.complete(c, {"n": 1}, now=at(2)) == "superseded"
+    # An attempt's final report is written once: the later success changes nothing.
     a = attempts(conn)[0]
-    assert (a["outcome"], a["superseded"]) == ("succeeded", True)
+    assert (a["outcome"], a["superseded"], a["result"], a["error"], a["ended_at"]) == (
+        "failed", False, None, {"e": "timeout"}, at(1))
     assert row(conn)["state"] == "failed"
 
 
@@ -323,27 +331,27 @@ def test_report_after_resolution_is_superseded(ledger: Ledger, conn: Any) -> Non
     c = claim(ledger)
     ledger.sweep(now=at(31))
     ledger.resolve("k", "failed", error={"by": "operator"}, now=at(40))
-    assert ledger.complete("k", c.attempt, {"id": 1}, now=at(41)) == "superseded"
+    assert ledger.complete(c, {"id": 1}, now=at(41)) == "superseded"
     assert row(conn)["state"] == "failed"
 
 
 def test_reporting_on_missing_action_or_attempt_raises_rs006(ledger: Ledger) -> None:
     with pytest.raises(InvalidTransition):
-        ledger.complete("nope", 1, {})
+        ledger.complete(unclaimed("nope", 1), {})
     with pytest.raises(InvalidTransition):
-        ledger.fail("nope", 1, {})
+        ledger.fail(unclaimed("nope", 1), {})
     with pytest.raises(InvalidTransition):
-        ledger.mark_unknown("nope", 1, {})
-    claim(ledger)
+        ledger.mark_unknown(unclaimed("nope", 1), {})
+    c = claim(ledger)
     with pytest.raises(InvalidTransition):
-        ledger.complete("k", 2, {})
+        ledger.complete(AttemptToken("k", 2, c.attempt_token), {})
 
 
 def test_superseded_success_counts_in_multi_effect_actions(ledger: Ledger, conn: Any) -> None:
-    claim(ledger, on_expired="reclaim")
+    old = claim(ledger, on_expired="reclaim")
     new = claim(ledger, seconds=31)
-    ledger.complete("k", new.attempt, {"n": 2}, now=at(32))
-    ledger.complete("k", 1, {"n": 1}, now=at(33))
+    ledger.complete(new, {"n": 2}, now=at(32))
+    ledger.complete(old, {"n": 1}, now=at(33))
     rows = conn.execute("SELECT tenant_id, action_key, operation, successful_attempts "
                         "FROM replaysafe.multi_effect_actions").fetchall()
     assert rows == [("t1", "k", "refund", 2)]
@@ -353,10 +361,10 @@ def test_superseded_success_counts_in_multi_effect_actions(ledger: Ledger, conn:
 
 def test_retryable_failure_is_claimed_again_terminal_is_replayed(ledger: Ledger) -> None:
     c = claim(ledger)
-    assert ledger.fail("k", c.attempt, {"e": "503"}, retryable=True, now=at(1)) == "recorded"
+    assert ledger.fail(c, {"e": "503"}, retryable=True, now=at(1)) == "recorded"
     again = claim(ledger, seconds=2)
     assert (again.outcome, again.attempt) == ("claimed", 2)
-    ledger.fail("k", again.attempt, {"e": "declined"}, now=at(3))
+    ledger.fail(again, {"e": "declined"}, now=at(3))
     final = claim(ledger, seconds=4)
     assert (final.outcome, final.state, final.error) == ("replay", "failed", {"e": "declined"})
 
@@ -366,7 +374,7 @@ def test_retryable_failure_is_claimed_again_terminal_is_replayed(ledger: Ledger)
 @pytest.mark.parametrize("target", ["succeeded", "failed", "retryable"])
 def test_resolve_moves_unknown_to_each_state(ledger: Ledger, conn: Any, target: str) -> None:
     c = claim(ledger)
-    ledger.mark_unknown("k", c.attempt, {"reason": "timeout"}, now=at(1))
+    ledger.mark_unknown(c, {"reason": "timeout"}, now=at(1))
     assert ledger.resolve("k", target, result={"ok": 1} if target == "succeeded" else None,
                           provider_reference="re_9", note="checked the provider",
                           now=at(2)) == target
@@ -382,11 +390,11 @@ def test_resolve_from_anything_but_unknown_raises_rs006(ledger: Ledger, conn: An
                                                         state: str) -> None:
     c = claim(ledger)
     if state == "succeeded":
-        ledger.complete("k", c.attempt, 1, now=at(1))
+        ledger.complete(c, 1, now=at(1))
     elif state == "failed":
-        ledger.fail("k", c.attempt, 1, now=at(1))
+        ledger.fail(c, 1, now=at(1))
     elif state == "retryable":
-        ledger.fail("k", c.attempt, 1, retryable=True, now=at(1))
+        ledger.fail(c, 1, retryable=True, now=at(1))
     before = row(conn)
     with pytest.raises(InvalidTransition):
         ledger.resolve("k", "succeeded", now=at(2))
@@ -404,13 +412,13 @@ def test_purge_deletes_only_old_terminal_actions(ledger: Ledger, conn: Any) -> N
     def make(key: str, how: str) -> None:
         c = claim(ledger, key=key, on_expired="reclaim" if how == "retryable" else "unknown")
         if how == "succeeded":
-            ledger.complete(key, c.attempt, 1, now=at(1))
+            ledger.complete(c, 1, now=at(1))
         elif how == "failed":
-            ledger.fail(key, c.attempt, 1, now=at(1))
+            ledger.fail(c, 1, now=at(1))
         elif how == "unknown":
-            ledger.mark_unknown(key, c.attempt, 1, now=at(1))
+            ledger.mark_unknown(c, 1, now=at(1))
         elif how == "retryable":
-            ledger.fail(key, c.attempt, 1, retryable=True, now=at(1))
+            ledger.fail(c, 1, retryable=True, now=at(1))
 
     for how in ("succeeded", "failed", "unknown", "retryable", "running"):
         make(how, how)
@@ -426,7 +434,7 @@ def test_purge_deletes_only_old_terminal_actions(ledger: Ledger, conn: Any) -> N
 def test_purge_is_batched(ledger: Ledger) -> None:
     for i in range(7):
         c = claim(ledger, key=f"k{i}")
-        ledger.complete(f"k{i}", c.attempt, i, now=at(1))
+        ledger.complete(c, i, now=at(1))
     assert ledger.purge(timedelta(0), limit=3, now=at(2)) == 3
     assert ledger.purge(timedelta(0), limit=3, now=at(2)) == 3
     assert ledger.purge(timedelta(0), limit=3, now=at(2)) == 1
@@ -456,7 +464,7 @@ def test_unresolved_actions_lists_unknown_and_expired_running(ledger: Ledger, co
     now = datetime.now(UTC)
     ledger.claim("expired", "op", {}, lease=timedelta(seconds=1), now=now - timedelta(minutes=5))
     c = ledger.claim("unk", "op", {})
-    ledger.mark_unknown("unk", c.attempt, {"why": "timeout"})
+    ledger.mark_unknown(c, {"why": "timeout"})
     ledger.claim("live", "op", {})
     rows = dict(conn.execute("SELECT action_key, state FROM replaysafe.unresolved_actions"))
     assert rows == {"expired": "running", "unk": "unknown"}
@@ -469,7 +477,7 @@ def test_attempts_keep_worker_and_times(ledger: Ledger, dsn: str, conn: Any) -> 
     claim(ledger, on_expired="reclaim")
     with Ledger(dsn, tenant_id="t1", worker_id="w2") as second:
         c2 = claim(second, seconds=31)
-        second.complete("k", c2.attempt, {"ok": 1}, now=at(35))
+        second.complete(c2, {"ok": 1}, now=at(35))
     got = [(a.attempt, a.worker_id, a.claimed_at, a.ended_at, a.outcome)
            for a in ledger.attempts("k")]
     assert got == [(1, "w1", at(0), at(31), "unknown"), (2, "w2", at(31), at(35), "succeeded")]

@@ -30,24 +30,29 @@ def plans_of(plans: list[str], statement: str) -> list[str]:
     return [p for p in plans if re.search(statement, p)]
 
 
+def claim_all(conn: psycopg.Connection[Any], prefix: str, n: int) -> dict[str, str]:
+    """Claim prefix1 .. prefix<n> in one call: each key's attempt token."""
+    keys = [f"{prefix}{i}" for i in range(1, n + 1)]
+    rows = conn.execute("SELECT attempt_token FROM replaysafe.claim_actions('t1', %s::text[], "
+                        "array_fill('op'::text, ARRAY[%s]), array_fill('{}'::jsonb, ARRAY[%s]), "
+                        "'w')", (keys, n, n)).fetchall()
+    return {k: r[0] for k, r in zip(keys, rows, strict=True)}
+
+
 def test_reports_and_heartbeats_update_by_primary_key(conn: psycopg.Connection[Any],
                                                       explained: list[str]) -> None:
     # Statistics that say "almost nothing is running": many finished actions, analysed.
-    conn.execute("""
-        SELECT replaysafe.claim_actions('t1', array_agg('done' || i), array_agg('op'::text),
-                                        array_agg('{}'::jsonb), 'w')
-        FROM generate_series(1, 300) i""")
-    conn.execute("SELECT replaysafe.complete_action('t1', 'done' || i, 1, '{}') "
-                 "FROM generate_series(1, 300) i")
+    done = claim_all(conn, "done", 300)
+    conn.execute("SELECT replaysafe.complete_action('t1', k, 1, t, '{}') "
+                 "FROM unnest(%s::text[], %s::text[]) u(k, t)", (list(done), list(done.values())))
     conn.execute("ANALYZE replaysafe.actions")
-    conn.execute("SELECT replaysafe.claim_actions('t1', array_agg('live' || i), array_agg('op'::text), "
-                 "array_agg('{}'::jsonb), 'w') FROM generate_series(1, 50) i")
+    live = claim_all(conn, "live", 50)
 
     conn.execute("SET auto_explain.log_min_duration = 0; "
                  "SET auto_explain.log_nested_statements = on; SET client_min_messages = log")
-    conn.execute("SELECT replaysafe.heartbeat_action('t1', 'live1', 1)")
-    conn.execute("SELECT replaysafe.complete_action('t1', 'live2', 1, '{}')")
-    conn.execute("SELECT replaysafe.fail_action('t1', 'live3', 1, '{}')")
+    conn.execute("SELECT replaysafe.heartbeat_action('t1', 'live1', 1, %s)", (live["live1"],))
+    conn.execute("SELECT replaysafe.complete_action('t1', 'live2', 1, %s, '{}')", (live["live2"],))
+    conn.execute("SELECT replaysafe.fail_action('t1', 'live3', 1, %s, '{}')", (live["live3"],))
     conn.execute("SET client_min_messages = notice")
 
     updates = plans_of(explained, r"Query Text:\s*(?:-- .*\n\s*)*UPDATE replaysafe\.actions x")

@@ -15,6 +15,7 @@ import pytest
 from helpers.ledger_race import (
     Background,
     claim_sql,
+    claim_with_token,
     install_transition_log,
     process_claim,
     run_together,
@@ -175,25 +176,34 @@ def test_second_reclaim_blocks_on_the_first_then_sees_running(connect: Any, conn
 
 REPORTS = {
     "complete": "SELECT replaysafe.complete_action(p_tenant_id => 't1', p_action_key => 'k', "
-                "p_attempt => %(attempt)s, p_result => %(payload)s, p_now => %(now)s)",
+                "p_attempt => %(attempt)s, p_attempt_token => %(token)s, p_result => %(payload)s, "
+                "p_now => %(now)s)",
     "fail": "SELECT replaysafe.fail_action(p_tenant_id => 't1', p_action_key => 'k', "
-            "p_attempt => %(attempt)s, p_error => %(payload)s, p_now => %(now)s)",
+            "p_attempt => %(attempt)s, p_attempt_token => %(token)s, p_error => %(payload)s, "
+            "p_now => %(now)s)",
     "mark_unknown": "SELECT replaysafe.mark_action_unknown(p_tenant_id => 't1', "
-                    "p_action_key => 'k', p_attempt => %(attempt)s, p_error => %(payload)s, "
-                    "p_now => %(now)s)",
+                    "p_action_key => 'k', p_attempt => %(attempt)s, p_attempt_token => %(token)s, "
+                    "p_error => %(payload)s, p_now => %(now)s)",
 }
 
 
-def report(c: psycopg.Connection[Any], kind: str, attempt: int, who: str) -> str:
-    row = c.execute(REPORTS[kind], {"attempt": attempt, "payload": psycopg.types.json.Jsonb(
-        {"from": who}), "now": at(40)}).fetchone()
+def report(c: psycopg.Connection[Any], kind: str, attempt: int, tokens: dict[int, str],
+           who: str) -> str:
+    """A report of ``attempt`` with that attempt's own token (each worker keeps its claim's)."""
+    row = c.execute(REPORTS[kind], {"attempt": attempt, "token": tokens[attempt],
+                                    "payload": psycopg.types.json.Jsonb({"from": who}),
+                                    "now": at(40)}).fetchone()
     assert row is not None
     return str(row[0])
 
 
-def two_attempts(conn: psycopg.Connection[Any]) -> None:
-    claim_sql(conn, "k", at(0), policy="reclaim")
-    assert claim_sql(conn, "k", at(31), policy="reclaim") == ("claimed", 2)
+def two_attempts(conn: psycopg.Connection[Any]) -> dict[int, str]:
+    """Attempt 1 (expired) and attempt 2 (running) of "k": each attempt's token."""
+    outcome, _, first = claim_with_token(conn, "k", at(0), policy="reclaim")
+    assert outcome == "claimed" and first is not None
+    outcome, attempt, second = claim_with_token(conn, "k", at(31), policy="reclaim")
+    assert (outcome, attempt) == ("claimed", 2) and second is not None
+    return {1: first, 2: second}
 
 
 def assert_new_attempt_won(conn: psycopg.Connection[Any], stale_kind: str) -> None:
@@ -213,9 +223,9 @@ def test_stale_and_new_reports_at_once_new_wins(connect: Any, conn: Any, stale_k
     old, new = connect(), connect()
     for _ in range(rounds):
         conn.execute("DELETE FROM replaysafe.action_attempts; DELETE FROM replaysafe.actions")
-        two_attempts(conn)
-        outcomes = run_together([lambda: report(old, stale_kind, 1, "old"),
-                                  lambda: report(new, "complete", 2, "new")])
+        tokens = two_attempts(conn)
+        outcomes = run_together([lambda t=tokens: report(old, stale_kind, 1, t, "old"),
+                                  lambda t=tokens: report(new, "complete", 2, t, "new")])
         assert outcomes == ["superseded", "recorded"]
         assert_new_attempt_won(conn, stale_kind)
 
@@ -224,16 +234,17 @@ def test_stale_and_new_reports_at_once_new_wins(connect: Any, conn: Any, stale_k
 @pytest.mark.parametrize("stale_kind", ["complete", "fail", "mark_unknown"])
 def test_stale_report_scripted_against_new_completion(connect: Any, conn: Any, stale_kind: str,
                                                       stale_first: bool) -> None:
-    two_attempts(conn)
+    tokens = two_attempts(conn)
     a, b = connect(), connect()
+    # An older attempt's report is superseded for good and locks only its own attempt row:
+    # neither report waits for the other's transaction (a wait would hit the lock_timeout).
+    b.execute("SET lock_timeout = '2s'")
     a.execute("BEGIN")
     if stale_first:
-        assert report(a, stale_kind, 1, "old") == "superseded"
-        waiting = Background(lambda: report(b, "complete", 2, "new"))
+        assert report(a, stale_kind, 1, tokens, "old") == "superseded"
+        assert report(b, "complete", 2, tokens, "new") == "recorded"
     else:
-        assert report(a, "complete", 2, "new") == "recorded"
-        waiting = Background(lambda: report(b, stale_kind, 1, "old"))
-    wait_until_blocked(conn, b.info.backend_pid, a.info.backend_pid)
+        assert report(a, "complete", 2, tokens, "new") == "recorded"
+        assert report(b, stale_kind, 1, tokens, "old") == "superseded"
     a.execute("COMMIT")
-    assert waiting.result() == ("recorded" if stale_first else "superseded")
     assert_new_attempt_won(conn, stale_kind)

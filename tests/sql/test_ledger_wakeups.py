@@ -15,7 +15,7 @@ import psycopg
 import pytest
 from helpers.db import cloned_database, derived_key, reset_ledger
 
-from replaysafe_pg import Ledger
+from replaysafe_pg import Claim, Ledger
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 LEASE = timedelta(seconds=30)
@@ -60,18 +60,19 @@ def claim(led: Ledger, seconds: float, policy: str = "unknown", key: str = "k") 
                      now=at(seconds))
 
 
-TRANSITIONS: dict[str, tuple[str, Callable[[Ledger], Any], str]] = {
-    # name: (policy, the transition out of "running", the state it leaves behind)
-    "complete": ("unknown", lambda led: led.complete("k", 1, {"id": 1}, now=at(5)), "succeeded"),
-    "fail": ("unknown", lambda led: led.fail("k", 1, {"e": 1}, now=at(5)), "failed"),
-    "fail_retryable": ("unknown", lambda led: led.fail("k", 1, {"e": 1}, retryable=True,
-                                                       now=at(5)), "retryable"),
-    "mark_unknown": ("unknown", lambda led: led.mark_unknown("k", 1, {"e": 1}, now=at(5)),
+TRANSITIONS: dict[str, tuple[str, Callable[[Ledger, Claim], Any], str]] = {
+    # name: (policy, the transition out of "running" of attempt 1 (its claim given), the
+    # state it leaves behind)
+    "complete": ("unknown", lambda led, c: led.complete(c, {"id": 1}, now=at(5)), "succeeded"),
+    "fail": ("unknown", lambda led, c: led.fail(c, {"e": 1}, now=at(5)), "failed"),
+    "fail_retryable": ("unknown", lambda led, c: led.fail(c, {"e": 1}, retryable=True,
+                                                          now=at(5)), "retryable"),
+    "mark_unknown": ("unknown", lambda led, c: led.mark_unknown(c, {"e": 1}, now=at(5)),
                      "unknown"),
-    "claim_noticing_expiry": ("unknown", lambda led: claim(led, 31), "unknown"),
-    "reclaim_noticing_expiry": ("reclaim", lambda led: claim(led, 31, "reclaim"), "running"),
-    "sweep": ("unknown", lambda led: led.sweep(now=at(31)), "unknown"),
-    "sweep_reclaim_policy": ("reclaim", lambda led: led.sweep(now=at(31)), "retryable"),
+    "claim_noticing_expiry": ("unknown", lambda led, _: claim(led, 31), "unknown"),
+    "reclaim_noticing_expiry": ("reclaim", lambda led, _: claim(led, 31, "reclaim"), "running"),
+    "sweep": ("unknown", lambda led, _: led.sweep(now=at(31)), "unknown"),
+    "sweep_reclaim_policy": ("reclaim", lambda led, _: led.sweep(now=at(31)), "retryable"),
 }
 
 
@@ -86,7 +87,7 @@ def test_leaving_running_notifies_only_registered_waiters(
         assert claim(ledger, 10, policy).outcome == "running"
     assert received(listener) == []  # claiming and registering a waiter send nothing
 
-    transition(ledger)
+    transition(ledger, first)
     action = ledger.get("k")
     assert action is not None and action.state == left_in
     expected = [("replaysafe_actions", first.idempotency_key)] if waiting else []
@@ -103,7 +104,7 @@ def test_waiters_of_the_old_attempt_do_not_carry_over_to_the_new_one(
     new = claim(ledger, 31, "reclaim")
     assert (new.outcome, new.attempt) == ("claimed", 2)
     assert len(received(listener)) == 1  # the old attempt's waiters
-    ledger.complete("k", new.attempt, {"id": 2}, now=at(40))
+    ledger.complete(new, {"id": 2}, now=at(40))
     assert received(listener) == []  # nobody waits for attempt 2
 
 
@@ -112,7 +113,7 @@ def test_more_waiters_still_one_notify_per_transition(
     first = claim(ledger, 0)
     for s in (1, 2, 3):
         assert claim(ledger, s).outcome == "running"
-    ledger.complete("k", first.attempt, {"id": 1}, now=at(5))
+    ledger.complete(first, {"id": 1}, now=at(5))
     assert received(listener) == [("replaysafe_actions", first.idempotency_key)]
 
 
@@ -120,12 +121,12 @@ def test_reports_that_do_not_leave_running_send_nothing(
         ledger: Ledger, listener: psycopg.Connection[Any]) -> None:
     first = claim(ledger, 0)
     assert claim(ledger, 10).outcome == "running"
-    ledger.heartbeat("k", first.attempt, lease=LEASE, now=at(20))
+    ledger.heartbeat(first, lease=LEASE, now=at(20))
     assert received(listener) == []
     ledger.sweep(now=at(60))
     assert len(received(listener)) == 1
     # Already out of "running": a late report wakes nobody a second time.
-    assert ledger.complete("k", first.attempt, {"id": 1}, now=at(61)) == "late"
+    assert ledger.complete(first, {"id": 1}, now=at(61)) == "late"
     assert received(listener) == []
 
 

@@ -26,10 +26,12 @@ REPLAY = ("SELECT outcome FROM replaysafe.claim_action(p_tenant_id => 'A', p_act
 @pytest.fixture
 def world(dsn: str) -> str:
     with psycopg.connect(dsn, autocommit=True) as c:
-        c.execute("SELECT replaysafe.claim_action(p_tenant_id => 'A', p_action_key => 'done', "
-                  "p_operation => 'refund', p_request => '{}', p_worker_id => 'w')")
+        claimed = c.execute("SELECT attempt_token FROM replaysafe.claim_action(p_tenant_id => 'A', "
+                            "p_action_key => 'done', p_operation => 'refund', p_request => '{}', "
+                            "p_worker_id => 'w')").fetchone()
+        assert claimed is not None
         c.execute("SELECT replaysafe.complete_action(p_tenant_id => 'A', p_action_key => 'done', "
-                  "p_attempt => 1, p_result => '{\"ok\": true}')")
+                  "p_attempt => 1, p_attempt_token => %s, p_result => '{\"ok\": true}')", claimed)
     return dsn
 
 

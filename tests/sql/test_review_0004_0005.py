@@ -35,7 +35,7 @@ Conn = psycopg.Connection[Any]
 MakeRole = Callable[..., str]
 
 
-CLAIM = ("SELECT outcome, attempt FROM replaysafe.claim_action(p_tenant_id => %(tenant)s, "
+CLAIM = ("SELECT outcome, attempt, attempt_token FROM replaysafe.claim_action(p_tenant_id => %(tenant)s, "
          "p_action_key => %(key)s, p_operation => 'refund', p_request => '{}', "
          "p_worker_id => %(worker)s, p_lease => %(lease)s::interval, "
          "p_claim_token => %(token)s::text)")
@@ -49,37 +49,48 @@ def claim(c: Conn, key: str, token: str | None, *, tenant: str = "A", worker: st
     return tuple(row)
 
 
+def secret_of(tenant: str) -> str:
+    """The claim token of a tenant's live claim (claim tokens are 22 characters or more)."""
+    return f"secret-claim-token-of-tenant-{tenant}"
+
+
+def token_of(row: tuple[Any, ...] | None) -> str:
+    """The attempt token of a claim's answer (its last column)."""
+    assert row is not None and row[-1] is not None, row
+    token: str = row[-1]
+    return token
+
+
 @pytest.fixture
 def world(dsn: str) -> str:
     """Tenants A and B, each with a live claim (token known only to its claimer), a finished
     action, an expired lease, an old finished action, a multi-effect action and a thread."""
     old = datetime.now(UTC) - timedelta(days=30)
+    claim_sql = ("SELECT attempt_token FROM replaysafe.claim_action(p_tenant_id => %s, "
+                 "p_action_key => %s, p_operation => 'refund', p_request => '{}', p_worker_id => 'w', "
+                 "p_lease => %s::interval, p_on_expired => %s, "
+                 "p_now => coalesce(%s::timestamptz, clock_timestamp()))")
+    complete_sql = ("SELECT replaysafe.complete_action(p_tenant_id => %s, p_action_key => %s, "
+                    "p_attempt => %s, p_attempt_token => %s, p_result => '{}', "
+                    "p_now => coalesce(%s::timestamptz, clock_timestamp()))")
+
+    def claim_at(c: Conn, t: str, key: str, *, lease: str = "30 seconds",
+                 on_expired: str = "unknown", now: datetime | None = None) -> str:
+        return token_of(c.execute(claim_sql, (t, key, lease, on_expired, now)).fetchone())
+
     with psycopg.connect(dsn, autocommit=True) as c:
         for t in ("A", "B"):
             c.execute(CLAIM.encode(), {"tenant": t, "key": "live", "worker": "w", "lease": "1 hour",
-                                       "token": f"secret-token-of-{t}"})
-            c.execute("SELECT replaysafe.claim_action(p_tenant_id => %s, p_action_key => 'done', "
-                      "p_operation => 'refund', p_request => '{}', p_worker_id => 'w')", (t,))
-            c.execute("SELECT replaysafe.complete_action(p_tenant_id => %s, p_action_key => 'done', "
-                      "p_attempt => 1, p_result => '{}')", (t,))
-            c.execute("SELECT replaysafe.claim_action(p_tenant_id => %s, p_action_key => 'expired', "
-                      "p_operation => 'refund', p_request => '{}', p_worker_id => 'w', "
-                      "p_lease => '1 minute', p_now => %s)", (t, old))
-            c.execute("SELECT replaysafe.claim_action(p_tenant_id => %s, p_action_key => 'old', "
-                      "p_operation => 'refund', p_request => '{}', p_worker_id => 'w', p_now => %s)",
-                      (t, old))
-            c.execute("SELECT replaysafe.complete_action(p_tenant_id => %s, p_action_key => 'old', "
-                      "p_attempt => 1, p_result => '{}', p_now => %s)", (t, old))
+                                       "token": secret_of(t)})
+            done = claim_at(c, t, "done")
+            c.execute(complete_sql, (t, "done", 1, done, None))
+            claim_at(c, t, "expired", lease="1 minute", now=old)
+            c.execute(complete_sql, (t, "old", 1, claim_at(c, t, "old", now=old), old))
             # Two successful attempts: attempt 1's lease expires (reclaim), attempt 2 claims.
-            c.execute("SELECT replaysafe.claim_action(p_tenant_id => %s, p_action_key => 'multi', "
-                      "p_operation => 'refund', p_request => '{}', p_worker_id => 'w', "
-                      "p_lease => '1 minute', p_on_expired => 'reclaim', p_now => %s)", (t, old))
-            c.execute("SELECT replaysafe.claim_action(p_tenant_id => %s, p_action_key => 'multi', "
-                      "p_operation => 'refund', p_request => '{}', p_worker_id => 'w', "
-                      "p_on_expired => 'reclaim')", (t,))
-            for attempt in (2, 1):
-                c.execute("SELECT replaysafe.complete_action(p_tenant_id => %s, "
-                          "p_action_key => 'multi', p_attempt => %s, p_result => '{}')", (t, attempt))
+            first = claim_at(c, t, "multi", lease="1 minute", on_expired="reclaim", now=old)
+            second = claim_at(c, t, "multi", on_expired="reclaim")
+            for attempt, token in ((2, second), (1, first)):
+                c.execute(complete_sql, (t, "multi", attempt, token, None))
             c.execute("SELECT replaysafe.write_thread(p_tenant_id => %s, p_thread_id => 'mine', "
                       "p_expected_version => 0, p_state => '{\"n\": 1}', p_user_id => 'alice')", (t,))
     return dsn
@@ -174,7 +185,8 @@ def test_a_callers_collation_cannot_widen_the_tenant(icu_dsn: str, icu_roles: tu
         owner.execute("SELECT replaysafe.bind_role_to_tenant(p_role => %s, p_tenant_id => 'ACME')",
                       (victim,))
     with connect_as(icu_dsn, victim) as v:  # tenant ACME's honest work
-        assert claim(v, "refund-1", "tok-victim", tenant="ACME")[0] == "claimed"
+        honest = claim(v, "refund-1", "claim-token-of-the-victim", tenant="ACME")
+        assert honest[0] == "claimed"
         v.execute("SELECT replaysafe.write_thread(p_tenant_id => 'ACME', p_thread_id => 't1', "
                   "p_expected_version => 0, p_state => '{\"card\": \"4111\"}', p_user_id => 'bob')")
     with psycopg.connect(icu_dsn, autocommit=True) as owner:
@@ -183,10 +195,12 @@ def test_a_callers_collation_cannot_widen_the_tenant(icu_dsn: str, icu_roles: tu
     with connect_as(icu_dsn, attacker) as a:
         for statement in setup:
             a.execute(statement)  # type: ignore[arg-type]
-        # Its own tenant id, with its own collation: it completes ACME's running attempt.
+        # Its own tenant id, with its own collation: it completes ACME's running attempt
+        # (with that attempt's token, as if it had it: the refusal must be the tenant's).
         forged = sqlstate(a, f"SELECT replaysafe.complete_action(p_tenant_id => 'acme' COLLATE "
                              f"{collation}, p_action_key => 'refund-1', p_attempt => 1, "
-                             "p_result => '{\"forged\": true}')")
+                             "p_attempt_token => %s, p_result => '{\"forged\": true}')",
+                          (honest[2],))
         # ... reads ACME's thread state ...
         try:
             stolen = a.execute(f"SELECT state FROM replaysafe.read_thread(p_tenant_id => 'ACME' "
@@ -249,8 +263,11 @@ CLAIM_MANY = ("SELECT outcome FROM replaysafe.claim_actions(p_tenant_id => 'A', 
               "p_claim_tokens => %s::text[])")
 
 
-@pytest.mark.parametrize("tokens", ["[0:1]={tok-a,tok-b}", "[2:3]={tok-a,tok-b}",
-                                    "{{tok-a},{tok-b}}"])
+# Tokens long enough to be taken (22 characters or more), so that only their lining up is
+# refused; the ids are the arrays' shapes.
+@pytest.mark.parametrize("tokens", [
+    pytest.param(shape.replace("tok-", "claim-token-of-key-"), id=shape)
+    for shape in ("[0:1]={tok-a,tok-b}", "[2:3]={tok-a,tok-b}", "{{tok-a},{tok-b}}")])
 def test_claim_actions_refuses_tokens_that_do_not_line_up(worker_a: Conn,
                                                                   tokens: str) -> None:
     """One token per key, by position (SPEC §2): an array with another lower bound or two
@@ -266,23 +283,36 @@ def test_claim_actions_refuses_tokens_that_do_not_line_up(worker_a: Conn,
 # === Defences that held ===========================================================================
 
 def test_no_role_can_read_a_claim_token(world: str, make_role: MakeRole) -> None:
-    """The token lives on replaysafe.actions; the views list their columns, so none shows it,
-    and no group role holds a privilege on the column or on _visible_actions."""
+    """The database keeps only the tokens' sha256, on replaysafe.actions (the claim token's and
+    the attempt token's) and replaysafe.action_attempts (the attempt token's), and
+    installation.token_secret derives attempt tokens; the views list their columns, so none
+    shows any of them, and no group role holds a privilege on those columns or on
+    _visible_actions."""
+    hashes = owner_rows(world, """
+        SELECT c.relname::text, a.attname::text FROM pg_class c
+        JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+        WHERE c.relnamespace = 'replaysafe'::regnamespace AND c.relkind = 'r'
+          AND a.attname LIKE '%token%' ORDER BY 1, 2""")
+    assert hashes == [("action_attempts", "attempt_token_hash"), ("actions", "attempt_token_hash"),
+                      ("actions", "claim_token_hash"), ("installation", "token_secret")], hashes
     for group in ("replaysafe_worker", "replaysafe_operator", "replaysafe_auditor"):
         rows = owner_rows(world, """
             SELECT c.relname::text, a.attname::text FROM pg_class c
             JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
             WHERE c.relnamespace = 'replaysafe'::regnamespace
               AND has_column_privilege(%s, c.oid, a.attnum, 'SELECT')
-              AND a.attname = 'claim_token'""", (group,))
+              AND a.attname LIKE '%%token%%'""", (group,))
         assert rows == [], (group, rows)
     auditor = make_role("replaysafe_auditor")  # unbound: reads every tenant
     with connect_as(world, auditor) as c:
         everything = json.dumps([c.execute(f"SELECT * FROM replaysafe.{v}".encode()).fetchall()
                                  for v in ("actions_v", "action_attempts_v", "unresolved_actions",
                                            "multi_effect_actions")], default=str)
-        assert "secret-token-of-" not in everything
-        assert sqlstate(c, "SELECT claim_token FROM replaysafe._visible_actions") == "42501"
+        assert "secret-claim-token-of-" not in everything
+        columns = [d.name for v in ("actions_v", "action_attempts_v")
+                   for d in c.execute(f"SELECT * FROM replaysafe.{v}".encode()).description or []]
+        assert columns and not [n for n in columns if "token" in n], columns
+        assert sqlstate(c, "SELECT claim_token_hash FROM replaysafe._visible_actions") == "42501"
 
 
 def test_a_token_matches_only_its_own_live_attempt(world: str, worker_a: Conn,
@@ -290,15 +320,18 @@ def test_a_token_matches_only_its_own_live_attempt(world: str, worker_a: Conn,
     peer = make_role("replaysafe_worker")  # another worker of tenant A
     bind(world, peer, "A")
     with connect_as(world, peer) as c:
-        for token in (None, "secret-token-of-B", "SECRET-TOKEN-OF-A", "secret-token-of-A ",
-                      "secret-token-of-"):
+        for token in (None, secret_of("B"), secret_of("A").upper(), secret_of("A") + " ",
+                      secret_of("")):
             assert claim(c, "live", token)[0] == "running", token
         # B's own token, for B's key, from A: refused before any row is read.
         assert sqlstate(c, CLAIM, {"tenant": "B", "key": "live", "worker": "w",
-                                   "lease": "1 hour", "token": "secret-token-of-B"}) == "RS004"
+                                   "lease": "1 hour", "token": secret_of("B")}) == "RS004"
+        # A claim token of fewer than 22 characters is refused, never compared.
+        assert sqlstate(c, CLAIM, {"tenant": "A", "key": "live", "worker": "w",
+                                   "lease": "1 hour", "token": secret_of("A")[:21]}) == "RS005"
         # The token of A's 'live' does not match A's other keys.
-        assert claim(c, "done", "secret-token-of-A")[0] == "replay"
-        assert claim(c, "multi", "secret-token-of-A")[0] == "replay"
+        assert claim(c, "done", secret_of("A"))[0] == "replay"
+        assert claim(c, "multi", secret_of("A"))[0] == "replay"
     # A claim without a token never matches an attempt claimed without one (NULL = NULL).
     assert claim(worker_a, "untokened", None)[0] == "claimed"
     assert claim(worker_a, "untokened", None)[0] == "running"
@@ -362,7 +395,7 @@ BEGIN
     BEGIN
         INSERT INTO public.loot SELECT 'claim', outcome FROM replaysafe.claim_action(
             p_tenant_id => 'B', p_action_key => 'live', p_operation => 'refund',
-            p_request => '{}', p_worker_id => 'w', p_claim_token => 'secret-token-of-B');
+            p_request => '{}', p_worker_id => 'w', p_claim_token => 'secret-claim-token-of-tenant-B');
     EXCEPTION WHEN OTHERS THEN
         INSERT INTO public.loot VALUES ('claim', 'refused ' || SQLSTATE);
     END;
@@ -534,10 +567,11 @@ def test_a_token_is_not_answered_after_its_lease_expired(worker_a: Conn) -> None
     first = worker_a.execute(
         b"SELECT outcome FROM replaysafe.claim_action(p_tenant_id => 'A', p_action_key => 'bd', "
         b"p_operation => 'op', p_request => '{}', p_worker_id => 'w', p_lease => '1 minute', "
-        b"p_claim_token => 'T', p_now => %s)", start).fetchone()
+        b"p_claim_token => 'a-back-dated-claim-token', p_now => %s)", start).fetchone()
     assert first == ("claimed",)  # its lease ran out three minutes ago
     again = worker_a.execute(
         b"SELECT outcome, lease_expires_at < clock_timestamp() FROM replaysafe.claim_action("
         b"p_tenant_id => 'A', p_action_key => 'bd', p_operation => 'op', p_request => '{}', "
-        b"p_worker_id => 'w', p_claim_token => 'T', p_now => %s)", replay_at).fetchone()
+        b"p_worker_id => 'w', p_claim_token => 'a-back-dated-claim-token', p_now => %s)",
+        replay_at).fetchone()
     assert again is not None and again[0] != "claimed", again

@@ -29,16 +29,31 @@ VIEWS = ("actions_v", "action_attempts_v", "unresolved_actions", "multi_effect_a
          "threads_v")
 
 
+# The attempt tokens of the seeded claims, by (tenant, action key): every world seeds anew.
+TOKENS: dict[tuple[str, str], str] = {}
+
+
+def token_of(row: tuple[Any, ...] | None) -> str:
+    """The attempt token of a claim's answer (``... attempt_token FROM claim_action(...)``)."""
+    assert row is not None and row[-1] is not None, row
+    token: str = row[-1]
+    return token
+
+
 def seed(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as c:
         for tenant in ("A", "B"):
-            c.execute("SELECT replaysafe.claim_action(p_tenant_id => %s, p_action_key => 'done', "
-                      "p_operation => 'refund', p_request => '{}', p_worker_id => 'w')", (tenant,))
+            done = token_of(c.execute(
+                "SELECT attempt_token FROM replaysafe.claim_action(p_tenant_id => %s, "
+                "p_action_key => 'done', p_operation => 'refund', p_request => '{}', "
+                "p_worker_id => 'w')", (tenant,)).fetchone())
             c.execute("SELECT replaysafe.complete_action(p_tenant_id => %s, p_action_key => 'done', "
-                      "p_attempt => 1, p_result => '{\"ok\": true}')", (tenant,))
-            c.execute("SELECT replaysafe.claim_action(p_tenant_id => %s, p_action_key => 'live', "
-                      "p_operation => 'refund', p_request => '{}', p_worker_id => 'w', "
-                      "p_lease => '1 hour')", (tenant,))
+                      "p_attempt => 1, p_attempt_token => %s, p_result => '{\"ok\": true}')",
+                      (tenant, done))
+            TOKENS[tenant, "live"] = token_of(c.execute(
+                "SELECT attempt_token FROM replaysafe.claim_action(p_tenant_id => %s, "
+                "p_action_key => 'live', p_operation => 'refund', p_request => '{}', "
+                "p_worker_id => 'w', p_lease => '1 hour')", (tenant,)).fetchone())
             c.execute("SELECT replaysafe.write_thread(p_tenant_id => %s, p_thread_id => 'mine', "
                       "p_expected_version => 0, p_state => '{\"n\": 1}', p_user_id => 'alice')",
                       (tenant,))
@@ -62,7 +77,7 @@ SKIP_TYPES = {"internal", "cstring", "trigger", "event_trigger", "anyrange", "an
 # Type names the schema's bodies use that resolve through search_path (integer, bigint,
 # boolean and interval are keywords that always mean pg_catalog's): a pg_temp domain of each
 # shadows it on an unpinned path.
-DOMAIN_TYPES = ("text", "jsonb", "timestamptz", "int4", "int8", "bool", "regrole")
+DOMAIN_TYPES = ("text", "jsonb", "timestamptz", "int4", "int8", "bool", "regrole", "bytea")
 
 
 def called_names(conn: Conn) -> set[str]:
@@ -132,13 +147,13 @@ def plant_overloads(attacker: Conn, names: set[str]) -> int:
                 continue  # e.g. a signature Postgres will not take as written
             attacker.execute(f"GRANT EXECUTE ON FUNCTION public.{name}({', '.join(args)}) TO PUBLIC")
     # Operators the bodies use, exact-typed.
-    for typ in ("text", "jsonb", "integer", "bigint", "timestamptz"):
+    for typ in ("text", "jsonb", "integer", "bigint", "timestamptz", "bytea"):
         attacker.execute(f"CREATE FUNCTION public.hijack_op(a {typ}, b {typ}) RETURNS boolean "
                          "LANGUAGE plpgsql AS $f$ BEGIN INSERT INTO public.hijacked "
                          "VALUES ('operator', current_user); RETURN true; END $f$")
     for op, typ in (("=", "text"), ("<>", "text"), ("<>", "jsonb"), ("=", "integer"),
                     ("<=", "timestamptz"), (">", "timestamptz"), ("<", "integer"),
-                    ("=", "bigint"), ("<>", "bigint")):
+                    ("=", "bigint"), ("<>", "bigint"), ("=", "bytea"), ("<>", "bytea")):
         attacker.execute(f"CREATE OPERATOR public.{op} (LEFTARG = {typ}, RIGHTARG = {typ}, "
                          "FUNCTION = public.hijack_op)")
     return len(planted)
@@ -157,11 +172,15 @@ def plant_temp_domains(victim: Conn) -> None:
 def exercise_every_function(c: Conn, tenant: str, *, operator: bool) -> int:
     """Call every public function down as many paths as possible (errors are expected);
     how many calls succeeded. The caller's own statements name only literals: what they
-    would resolve through its hostile search_path is the caller's own business."""
+    would resolve through its hostile search_path is the caller's own business.
+
+    A claim's entry is a tuple naming the keys its answer is for (in order): the attempt
+    token of each claimed one is kept under that name, and <name> in a later call stands
+    for it (for a token no attempt has when nothing was claimed under the name)."""
     t = f"p_tenant_id => '{tenant}'"
-    calls = [
-        f"SELECT * FROM replaysafe.claim_action({t}, p_action_key => 'h1', p_operation => 'op', "
-        "p_request => '{}', p_worker_id => 'w', p_lease => '1 second')",
+    calls: list[str | tuple[str, ...]] = [
+        (f"SELECT * FROM replaysafe.claim_action({t}, p_action_key => 'h1', p_operation => 'op', "
+         "p_request => '{}', p_worker_id => 'w', p_lease => '1 second')", "h1"),
         f"SELECT * FROM replaysafe.claim_action({t}, p_action_key => 'h1', p_operation => 'op', "
         "p_request => '{}', p_worker_id => 'w')",  # running: registers a waiter
         f"SELECT * FROM replaysafe.claim_action({t}, p_action_key => 'h1', p_operation => 'op2', "
@@ -170,27 +189,46 @@ def exercise_every_function(c: Conn, tenant: str, *, operator: bool) -> int:
         "p_request => '[]', p_worker_id => 'w', p_lease => '8 days')",  # RS005
         f"SELECT * FROM replaysafe.claim_action({t}, p_action_key => 'h9', p_operation => 'op', "
         "p_request => '{}', p_worker_id => 'w', p_now => 'infinity')",  # RS005
-        f"SELECT * FROM replaysafe.claim_actions({t}, p_action_keys => '{{h2,h3}}', "
-        "p_operations => '{op,op}', p_requests => '{\"{}\",\"{}\"}', p_worker_id => 'w', "
-        "p_on_expired => 'reclaim', p_lease => '1 second')",
+        (f"SELECT * FROM replaysafe.claim_actions({t}, p_action_keys => '{{h2,h3}}', "
+         "p_operations => '{op,op}', p_requests => '{\"{}\",\"{}\"}', p_worker_id => 'w', "
+         "p_on_expired => 'reclaim', p_lease => '1 second')", "h2", "h3"),
         f"SELECT * FROM replaysafe.claim_actions({t}, p_action_keys => '{{h2,h2}}', "
         "p_operations => '{op,op}', p_requests => '{\"{}\",\"{}\"}', p_worker_id => 'w')",
-        f"SELECT replaysafe.heartbeat_action({t}, p_action_key => 'h1', p_attempt => 1)",
-        f"SELECT replaysafe.heartbeat_action({t}, p_action_key => 'h1', p_attempt => 7)",  # RS002
+        # A claim token: the attempt token is derived from it, and a retry answers it again.
+        (f"SELECT * FROM replaysafe.claim_action({t}, p_action_key => 'h4', p_operation => 'op', "
+         "p_request => '{}', p_worker_id => 'w', p_claim_token => 'a-claim-token-of-22-chars-or-more')",
+         "h4"),
+        (f"SELECT * FROM replaysafe.claim_action({t}, p_action_key => 'h4', p_operation => 'op', "
+         "p_request => '{}', p_worker_id => 'w', p_claim_token => 'a-claim-token-of-22-chars-or-more')",
+         "h4"),
+        f"SELECT replaysafe.complete_action({t}, p_action_key => 'h4', p_attempt => 1, "
+        "p_attempt_token => '<h4>', p_result => '{}')",
+        f"SELECT replaysafe.heartbeat_action({t}, p_action_key => 'h1', p_attempt => 1, "
+        "p_attempt_token => '<h1>')",
+        f"SELECT replaysafe.heartbeat_action({t}, p_action_key => 'h1', p_attempt => 7, "
+        "p_attempt_token => '<h1>')",  # RS002
+        f"SELECT replaysafe.heartbeat_action({t}, p_action_key => 'h1', p_attempt => 1, "
+        "p_attempt_token => '<none>')",  # RS004
+        f"SELECT replaysafe.heartbeat_action({t}, p_action_key => 'h1', p_attempt => 1, "
+        "p_attempt_token => NULL)",  # RS005
         f"SELECT replaysafe.complete_action({t}, p_action_key => 'h1', p_attempt => 1, "
-        "p_result => '{\"r\": 1}', p_provider_reference => 'ref')",
+        "p_attempt_token => '<h1>', p_result => '{\"r\": 1}', p_provider_reference => 'ref')",
         f"SELECT replaysafe.complete_action({t}, p_action_key => 'h1', p_attempt => 1, "
-        "p_result => '{}')",  # superseded
+        "p_attempt_token => '<h1>', p_result => '{}')",  # superseded
         f"SELECT replaysafe.fail_action({t}, p_action_key => 'h2', p_attempt => 1, "
-        "p_error => '{}', p_retryable => true)",
-        f"SELECT * FROM replaysafe.claim_action({t}, p_action_key => 'h2', p_operation => 'op', "
-        "p_request => '{}', p_worker_id => 'w', p_on_expired => 'reclaim')",  # retry: attempt 2
+        "p_attempt_token => '<h2>', p_error => '{}', p_retryable => true)",
+        (f"SELECT * FROM replaysafe.claim_action({t}, p_action_key => 'h2', p_operation => 'op', "
+         "p_request => '{}', p_worker_id => 'w', p_on_expired => 'reclaim')", "h2b"),  # attempt 2
+        f"SELECT replaysafe.complete_action({t}, p_action_key => 'h2', p_attempt => 1, "
+        "p_attempt_token => '<h2>', p_result => '{}')",  # superseded: attempt 1 reported
+        f"SELECT replaysafe.heartbeat_action({t}, p_action_key => 'h2', p_attempt => 2, "
+        "p_attempt_token => '<h2b>')",
         f"SELECT replaysafe.mark_action_unknown({t}, p_action_key => 'h3', p_attempt => 1, "
-        "p_error => '{}')",
+        "p_attempt_token => '<h3>', p_error => '{}')",
         f"SELECT replaysafe.fail_action({t}, p_action_key => 'h3', p_attempt => 1, "
-        "p_error => '{}')",  # late
+        "p_attempt_token => '<h3>', p_error => '{}')",  # late
         f"SELECT replaysafe.fail_action({t}, p_action_key => 'nope', p_attempt => 1, "
-        "p_error => '{}')",  # RS006
+        "p_attempt_token => '<nope>', p_error => '{}')",  # RS006
         f"SELECT replaysafe.write_thread({t}, p_thread_id => 'ht', p_expected_version => 0, "
         "p_state => '{}', p_history_limit => 1)",
         f"SELECT replaysafe.write_thread({t}, p_thread_id => 'ht', p_expected_version => 1, "
@@ -222,7 +260,20 @@ def exercise_every_function(c: Conn, tenant: str, *, operator: bool) -> int:
             f"SELECT replaysafe.sweep_expired_actions(p_now => '{datetime.now(UTC) + timedelta(days=1)}')",
         ]
     calls += [f"SELECT * FROM replaysafe.{v}" for v in VIEWS]
-    return sum(sqlstate(c, call) is None for call in calls)
+    tokens: dict[str, str] = {}
+    succeeded = 0
+    for entry in calls:
+        query, *keys = (entry,) if isinstance(entry, str) else entry
+        query = re.sub(r"<(\w+)>", lambda m: tokens.get(m.group(1), "rsat_no-attempt-has-this"), query)
+        try:
+            cur = c.execute(query.encode())
+        except psycopg.Error:
+            continue
+        succeeded += 1
+        for key, row in zip(keys, cur.fetchall() if keys else [], strict=True):
+            if row[0] == "claimed":  # outcome, ..., attempt_token
+                tokens[key] = row[-1]
+    return succeeded
 
 
 def test_hostile_overloads_in_public_and_pg_temp_never_run(
@@ -381,14 +432,15 @@ def test_private_helpers_and_operator_duties_are_not_a_workers(world: str, worke
         private = [r[0] for r in owner.execute(
             "SELECT p.oid::regprocedure::text FROM pg_proc p "
             "WHERE p.pronamespace = 'replaysafe'::regnamespace AND p.proname LIKE '\\_%'")]
-    assert "replaysafe._report(text,text,integer,replaysafe.action_state,jsonb,jsonb,text," \
+    assert "replaysafe._report(text,text,integer,text,replaysafe.action_state,jsonb,jsonb,text," \
            "timestamp with time zone)" in private
     for fn in private:
         assert worker_a.execute("SELECT has_function_privilege(%s, 'EXECUTE')",
                                 (fn,)).fetchone() == (False,), fn
-    # success with a NULL result through the private report helper (the review's forgery)
-    assert sqlstate(worker_a, "SELECT replaysafe._report('A', 'live', 1, 'succeeded', NULL, NULL, "
-                              "NULL, now())") == "42501"
+    # success with a NULL result through the private report helper (the review's forgery),
+    # even with the attempt's own token
+    assert sqlstate(worker_a, "SELECT replaysafe._report('A', 'live', 1, %s, 'succeeded', NULL, "
+                              "NULL, NULL, now())", (TOKENS["A", "live"],)) == "42501"
     for call in (
             "replaysafe.resolve_action(p_tenant_id => 'A', p_action_key => 'live', "
             "p_state => 'succeeded')",
@@ -410,7 +462,8 @@ def test_operator_settles_reopens_and_purges_its_tenant_only(world: str,
     with psycopg.connect(world, autocommit=True) as owner:
         for tenant in ("A", "B"):
             owner.execute("SELECT replaysafe.mark_action_unknown(p_tenant_id => %s, "
-                          "p_action_key => 'live', p_attempt => 1, p_error => '{}')", (tenant,))
+                          "p_action_key => 'live', p_attempt => 1, p_attempt_token => %s, "
+                          "p_error => '{}')", (tenant, TOKENS[tenant, "live"]))
     with connect_as(world, operator) as c:
         assert c.execute("SELECT replaysafe.resolve_action(p_tenant_id => 'A', p_action_key => 'live', "
                          "p_state => 'failed', p_error => '{}', p_expected_attempt => 1)"
@@ -451,15 +504,17 @@ def test_times_out_of_range_are_refused_even_for_the_owner(dsn: str, args: str) 
 
 def test_a_worker_cannot_move_time(world: str, worker_a: Conn) -> None:
     far = datetime.now(UTC) + timedelta(hours=2)
+    # The attempt's own token: the refusal is the time's.
+    params = {"now": far, "token": TOKENS["A", "live"]}
     for call in (
             "replaysafe.claim_action(p_tenant_id => 'A', p_action_key => 'live', "
-            "p_operation => 'refund', p_request => '{}', p_worker_id => 'w', p_now => %s)",
-            "replaysafe.sweep_expired_actions(p_now => %s)",
+            "p_operation => 'refund', p_request => '{}', p_worker_id => 'w', p_now => %(now)s)",
+            "replaysafe.sweep_expired_actions(p_now => %(now)s)",
             "replaysafe.heartbeat_action(p_tenant_id => 'A', p_action_key => 'live', "
-            "p_attempt => 1, p_now => %s)",
+            "p_attempt => 1, p_attempt_token => %(token)s, p_now => %(now)s)",
             "replaysafe.complete_action(p_tenant_id => 'A', p_action_key => 'live', "
-            "p_attempt => 1, p_result => '{}', p_now => %s)"):
-        assert sqlstate(worker_a, f"SELECT {call}", (far,)) == "RS005", call
+            "p_attempt => 1, p_attempt_token => %(token)s, p_result => '{}', p_now => %(now)s)"):
+        assert sqlstate(worker_a, f"SELECT {call}", params) == "RS005", call
     # The live lease is untouched; within 5 minutes of the clock is fine.
     assert owner_rows(world, "SELECT state::text FROM replaysafe.actions "
                              "WHERE tenant_id = 'A' AND action_key = 'live'") == [("running",)]
@@ -505,17 +560,20 @@ def test_a_guessed_pair_cannot_be_confirmed_from_keys_or_payloads(world: str,
     with connect_as(world, stranger) as listener:
         listener.execute("LISTEN replaysafe_actions")
         with psycopg.connect(world, autocommit=True) as owner:
-            first = owner.execute("SELECT idempotency_key FROM replaysafe.claim_action("
-                                  "p_tenant_id => 'A', p_action_key => 'guess', p_operation => 'op', "
-                                  "p_request => '{}', p_worker_id => 'w')").fetchone()
+            claimed = owner.execute("SELECT idempotency_key, attempt_token FROM replaysafe.claim_action("
+                                    "p_tenant_id => 'A', p_action_key => 'guess', p_operation => 'op', "
+                                    "p_request => '{}', p_worker_id => 'w')").fetchone()
+            assert claimed is not None
+            first = (claimed[0],)
             owner.execute("SELECT replaysafe.claim_action(p_tenant_id => 'A', p_action_key => 'guess', "
                           "p_operation => 'op', p_request => '{}', p_worker_id => 'w2')")  # waits
             owner.execute("SELECT replaysafe.complete_action(p_tenant_id => 'A', "
-                          "p_action_key => 'guess', p_attempt => 1, p_result => '{}')")
+                          "p_action_key => 'guess', p_attempt => 1, p_attempt_token => %s, "
+                          "p_result => '{}')", (claimed[1],))
         payloads = [n.payload for n in listener.notifies(timeout=5, stop_after=1)]
-    assert payloads == [first[0]]  # type: ignore[index]
+    assert payloads == [first[0]]
     assert payloads[0] != unsalted_key("A", "guess")
-    assert first[0].startswith("rs2_") and len(first[0]) == 68  # type: ignore[index]
+    assert first[0].startswith("rs2_") and len(first[0]) == 68
     with psycopg.connect(world) as owner:  # the owner's function derives the same key
         assert owner.execute("SELECT replaysafe.idempotency_key('A', 'guess')").fetchone() == first
 
@@ -531,7 +589,8 @@ BEGIN
                             FROM replaysafe.actions_v;
     BEGIN
         INSERT INTO public.loot SELECT 'complete', replaysafe.complete_action(
-            p_tenant_id => 'B', p_action_key => 'live', p_attempt => 1, p_result => '{"forged": 1}');
+            p_tenant_id => 'B', p_action_key => 'live', p_attempt => 1,
+            p_attempt_token => 'B_LIVE_TOKEN', p_result => '{"forged": 1}');
     EXCEPTION WHEN OTHERS THEN
         INSERT INTO public.loot VALUES ('complete', 'refused ' || SQLSTATE);
     END;
@@ -544,6 +603,12 @@ INSERT INTO public.bait VALUES (1), (0);
 """
 
 
+def sro_bait() -> str:
+    """SRO_BAIT holding B's real attempt token (as if the attacker had it): what refuses the
+    forged report must be the tenant check, not the token."""
+    return SRO_BAIT.replace("B_LIVE_TOKEN", TOKENS["B", "live"])
+
+
 def test_a_workers_index_expression_run_by_a_superuser_acts_as_the_worker(
         world: str, make_role: MakeRole) -> None:
     """Autovacuum (or a superuser's ANALYZE / REINDEX) runs a table owner's index expression
@@ -554,7 +619,7 @@ def test_a_workers_index_expression_run_by_a_superuser_acts_as_the_worker(
         owner.execute(f'GRANT CREATE ON SCHEMA public TO "{attacker}"')
     try:
         with connect_as(world, attacker) as c:
-            c.execute(SRO_BAIT)
+            c.execute(sro_bait())
             c.execute("CREATE INDEX bait_idx ON public.bait (public.idx_f(i))")  # its own run
         with psycopg.connect(world, autocommit=True) as owner:  # the superuser's maintenance
             owner.execute("DELETE FROM public.loot")
@@ -573,10 +638,10 @@ def test_a_workers_index_expression_run_by_a_superuser_acts_as_the_worker(
 
 def test_a_workers_future_time_cannot_take_a_live_lease(world: str, worker_a: Conn) -> None:
     honest = worker_a.execute(
-        "SELECT outcome, attempt FROM replaysafe.claim_action(p_tenant_id => 'A', p_action_key => 'pay', "
-        "p_operation => 'pay', p_request => '{}', p_worker_id => 'honest', "
+        "SELECT outcome, attempt, attempt_token FROM replaysafe.claim_action(p_tenant_id => 'A', "
+        "p_action_key => 'pay', p_operation => 'pay', p_request => '{}', p_worker_id => 'honest', "
         "p_on_expired => 'reclaim')").fetchone()
-    assert honest == ("claimed", 1)
+    assert honest is not None and honest[:2] == ("claimed", 1)
     soon = datetime.now(UTC) + timedelta(minutes=4, seconds=59)  # inside the 5-minute window
     hostile = worker_a.execute(
         "SELECT outcome, attempt FROM replaysafe.claim_action(p_tenant_id => 'A', p_action_key => 'pay', "
@@ -585,8 +650,9 @@ def test_a_workers_future_time_cannot_take_a_live_lease(world: str, worker_a: Co
     assert hostile == ("running", 1)
     assert worker_a.execute("SELECT replaysafe.sweep_expired_actions(p_now => %s)",
                             (soon,)).fetchone() == (0,)
+    # the honest worker still holds it
     worker_a.execute("SELECT replaysafe.heartbeat_action(p_tenant_id => 'A', p_action_key => 'pay', "
-                     "p_attempt => 1)")  # the honest worker still holds it
+                     "p_attempt => 1, p_attempt_token => %s)", (honest[2],))
 
 
 def test_default_privileges_open_nothing(empty_dsn: str, make_role: MakeRole) -> None:
@@ -663,7 +729,9 @@ def test_the_cli_and_the_driver_never_resolve_through_a_hostile_search_path(
                      ("purge", "--older-than", "1000d"), ("sweep",)):
             run(*args, dsn=world)
         with Ledger(world, tenant_id="A") as led, Threads(world, tenant_id="A", user_id="alice") as th:
-            led.claim("k", "op", {})
+            claim = led.claim("k", "op", {})
+            led.heartbeat(claim)
+            led.complete(claim, {})
             assert led.get("done") is not None and led.attempts("done")
             th.read("mine")
         with psycopg.connect(world, autocommit=True) as owner:
@@ -716,7 +784,7 @@ def test_a_workers_index_expression_run_in_another_tenants_session_acts_for_nobo
         owner.execute(f'GRANT CREATE ON SCHEMA public TO "{attacker}"')
     try:
         with connect_as(world, attacker) as c:
-            c.execute(SRO_BAIT)
+            c.execute(sro_bait())
             c.execute("CREATE INDEX bait_idx ON public.bait (public.idx_f(i))")
             c.execute("GRANT MAINTAIN ON public.bait TO PUBLIC")
         with connect_as(world, victim) as c:
@@ -757,7 +825,7 @@ def test_default_privileges_on_schemas_open_nothing(empty_dsn: str, make_role: M
         replaysafe_pg.migrate(empty_dsn)
         with connect_as(empty_dsn, app) as c:
             assert sqlstate(c, "CREATE FUNCTION replaysafe.complete_action(text, text, integer, "
-                               "jsonb, text) RETURNS text LANGUAGE sql AS $$ SELECT 'x' $$") == "42501"
+                               "text, jsonb, text) RETURNS text LANGUAGE sql AS $$ SELECT 'x' $$") == "42501"
     finally:
         with psycopg.connect(empty_dsn, autocommit=True) as owner:
             owner.execute(f'ALTER DEFAULT PRIVILEGES REVOKE CREATE, USAGE ON SCHEMAS FROM "{app}"')
@@ -778,7 +846,7 @@ def test_operator_duties_check_the_role_themselves(world: str, worker_a: Conn) -
                       "text, timestamptz), replaysafe.purge_actions(interval, integer, timestamptz) "
                       "TO replaysafe_worker")
         owner.execute("SELECT replaysafe.mark_action_unknown(p_tenant_id => 'A', p_action_key => 'live', "
-                      "p_attempt => 1, p_error => '{}')")
+                      "p_attempt => 1, p_attempt_token => %s, p_error => '{}')", (TOKENS["A", "live"],))
     for call in ("replaysafe.resolve_action(p_tenant_id => 'A', p_action_key => 'live', "
                  "p_state => 'succeeded', p_result => '{\"forged\": 1}')",
                  "replaysafe.reopen_action(p_tenant_id => 'A', p_action_key => 'done', p_note => 'x')",

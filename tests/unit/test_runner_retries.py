@@ -15,6 +15,9 @@ from replaysafe_pg.errors import DatabaseUnavailable, OutcomeNotRecorded, unavai
 from replaysafe_pg.execution import ExecutionStatus
 from replaysafe_pg.models import ActionState, Claim, ClaimOutcome, ReportOutcome
 
+# The attempt token of the claims made by hand (claim_action's answer carries one).
+TOKEN = "rsat_" + "0" * 64
+
 
 class Clock:
     def __init__(self) -> None:
@@ -109,10 +112,11 @@ def record_steps(lease: float) -> tuple[Any, runner.Ticket]:
     p = plan(lease)
     calls = Calls("t", "w")
     claim = Claim(ClaimOutcome.CLAIMED, ActionState.RUNNING, 1,
-                  datetime.now(UTC) + timedelta(seconds=lease), None, None, "ik", None)
+                  datetime.now(UTC) + timedelta(seconds=lease), None, None, "ik", None,
+                  attempt_token=TOKEN, action_key="k")
     ticket = runner.heartbeat_ticket(calls, p, claim)
     pending = runner.started(p, claim, ExecutionStatus.SUCCEEDED, result=1)
-    report = runner.Report.success(calls, p, 1, "1")
+    report = runner.Report.success(calls, claim, "1")
     return runner.record(calls, report, pending, ticket, True), ticket
 
 
@@ -164,9 +168,11 @@ def test_a_record_gives_up_when_the_lease_ends_or_is_lost(clock: Clock) -> None:
 def test_a_claim_answered_again_by_its_token_heartbeats_early() -> None:
     p = plan(30)
     late = Claim(ClaimOutcome.CLAIMED, ActionState.RUNNING, 1,
-                 datetime.now(UTC) + timedelta(seconds=6), None, None, "ik", None)
+                 datetime.now(UTC) + timedelta(seconds=6), None, None, "ik", None,
+                 attempt_token=TOKEN, action_key="k")
     ticket = runner.heartbeat_ticket(Calls("t", "w"), p, late)
     assert 2.5 <= ticket.first_beat <= 3.0  # half of what is left, not a third of 30 s
     fresh = Claim(ClaimOutcome.CLAIMED, ActionState.RUNNING, 1,
-                  datetime.now(UTC) + timedelta(seconds=30), None, None, "ik", None)
+                  datetime.now(UTC) + timedelta(seconds=30), None, None, "ik", None,
+                  attempt_token=TOKEN, action_key="k")
     assert runner.heartbeat_ticket(Calls("t", "w"), p, fresh).first_beat == pytest.approx(10)
