@@ -87,7 +87,7 @@ BEGIN
                          request="p_request")}
     INTO a.attempt, a.lease_expires_at;
     RETURN ('claimed', 'running', a.attempt, a.lease_expires_at, NULL, NULL, NULL,
-            NULL)::replaysafe.claim_record;
+            NULL, NULL)::replaysafe.claim_record;
 END $$;
 CREATE FUNCTION anatomy.wrapper_replay{SIGNATURE} AS $$
 DECLARE a replaysafe.actions;
@@ -95,7 +95,7 @@ BEGIN
     SELECT * INTO a FROM replaysafe.actions x
     WHERE x.tenant_id = p_tenant_id AND x.action_key = p_action_key;
     RETURN ('replay', a.state, a.attempt, a.lease_expires_at, a.result, a.error,
-            a.idempotency_key, a.provider_reference)::replaysafe.claim_record;
+            a.idempotency_key, a.provider_reference, NULL)::replaysafe.claim_record;
 END $$;
 """
 # claim_action's tenant check: the inline common case (revision 0008) or, before it, the call.
@@ -185,11 +185,13 @@ def main() -> None:
         worker = pg_conninfo.make_conninfo(server.dsn, user=WORKER)
         with psycopg.connect(worker, autocommit=True) as conn:
             for i in range(REPLAY_KEYS):  # completed actions to replay, in both tables
-                conn.execute(f"SELECT FROM replaysafe.claim_action({ARGS.replace('KEY', '%s')})",
-                             (f"r{i}",))
+                claimed = conn.execute(
+                    "SELECT attempt, attempt_token FROM "
+                    f"replaysafe.claim_action({ARGS.replace('KEY', '%s')})", (f"r{i}",)).fetchone()
+                assert claimed is not None
                 conn.execute("SELECT replaysafe.complete_action(p_tenant_id => %s, "
-                             "p_action_key => %s, p_attempt => 1, p_result => '{}'::jsonb)",
-                             (TENANT, f"r{i}"))
+                             "p_action_key => %s, p_attempt => %s, p_attempt_token => %s, "
+                             "p_result => '{}'::jsonb)", (TENANT, f"r{i}", *claimed))
         with psycopg.connect(server.dsn, autocommit=True) as owner:
             owner.execute("INSERT INTO bench.actions SELECT * FROM replaysafe.actions")
             owner.execute("VACUUM ANALYZE bench.actions")

@@ -87,11 +87,17 @@ def claim_query(at_0002: bool = False) -> str:
     return text.replace(", p_claim_token => %(claim_token)s::text", "") if at_0002 else text
 
 
+def complete_query(at_0002: bool = False) -> str:
+    """The driver's complete; without the attempt token (revision 0011) for a 0002 database."""
+    from replaysafe_pg import queries
+
+    text = queries.get("complete_action")
+    return text.replace(" p_attempt_token => %(attempt_token)s::text,", "") if at_0002 else text
+
+
 def make_op(op: str, variant: str, conn: psycopg.Connection[Any], ledger: Any,
             new_key: Callable[[], str], replay_key: Callable[[], str],
             before: psycopg.Connection[Any] | None = None) -> Callable[[], None]:
-    from replaysafe_pg import queries
-
     request_json, result_json = json.dumps(REQUEST), json.dumps(RESULT)
     worker = ledger.worker_id
     at_0002 = variant == "0002"
@@ -127,7 +133,7 @@ def make_op(op: str, variant: str, conn: psycopg.Connection[Any], ledger: Any,
         return run
 
     if variant == "sql":
-        claim_q, complete_q = claim_query(at_0002), queries.get("complete_action")
+        claim_q, complete_q = claim_query(at_0002), complete_query(at_0002)
 
         if op == "claim+complete":
             def run() -> None:
@@ -136,6 +142,8 @@ def make_op(op: str, variant: str, conn: psycopg.Connection[Any], ledger: Any,
                 assert row is not None and row[0] == "claimed"
                 conn.execute(complete_q, {"tenant_id": TENANT, "action_key": key,
                                           "attempt": row[2], "result": result_json,
+                                          # claim_record's last column (none at 0002)
+                                          "attempt_token": None if at_0002 else row[8],
                                           "provider_reference": None, "now": None},
                              prepare=True).fetchone()
         elif op == "claim-only":
@@ -150,8 +158,7 @@ def make_op(op: str, variant: str, conn: psycopg.Connection[Any], ledger: Any,
     if op == "claim+complete":
         def run() -> None:
             key = new_key()
-            c = ledger.claim(key, "refund", REQUEST)
-            ledger.complete(key, c.attempt, RESULT)
+            ledger.complete(ledger.claim(key, "refund", REQUEST), RESULT)
     elif op == "claim-only":
         def run() -> None:
             ledger.claim(new_key(), "refund", REQUEST)
@@ -247,7 +254,9 @@ class Workers:
 
 # --- setup and per-operation costs ------------------------------------------------------------------
 
-def setup(dsn: str, revision: str = "head") -> None:
+def setup(dsn: str, revision: str = "head") -> str | None:
+    """Migrates and loads ``dsn``; returns the attempt token of replay-0's attempt (None at
+    0002, which has no attempt tokens)."""
     import replaysafe_pg
     from replaysafe_pg import Ledger
 
@@ -262,7 +271,9 @@ def setup(dsn: str, revision: str = "head") -> None:
         led = Ledger(conn, tenant_id=TENANT, worker_id="setup")
         keys = iter(f"replay-{i}" for i in range(REPLAY_KEYS)).__next__
         floor = make_op("claim+complete", "floor", conn, led, keys, lambda: "")
-        claim_q = claim_query(revision == "0002")
+        at_0002 = revision == "0002"
+        claim_q, complete_q = claim_query(at_0002), complete_query(at_0002)
+        first_token: str | None = None
         for i in range(REPLAY_KEYS):
             row = conn.execute(claim_q, {
                 "tenant_id": TENANT, "action_key": f"replay-{i}", "operation": "refund",
@@ -270,13 +281,17 @@ def setup(dsn: str, revision: str = "head") -> None:
                 "thread_id": None, "on_expired": "unknown", "now": None, "claim_token": None,
             }).fetchone()
             assert row is not None
-            conn.execute("SELECT replaysafe.complete_action(p_tenant_id => %s, p_action_key => %s, "
-                          "p_attempt => %s, p_result => %s::jsonb)",
-                          (TENANT, f"replay-{i}", row[2], json.dumps(RESULT)))
+            token = None if at_0002 else row[8]
+            first_token = token if i == 0 else first_token
+            conn.execute(complete_q, {"tenant_id": TENANT, "action_key": f"replay-{i}",
+                                      "attempt": row[2], "attempt_token": token,
+                                      "result": json.dumps(RESULT), "provider_reference": None,
+                                      "now": None})
             floor()
         conn.execute("SELECT replaysafe.write_thread(p_tenant_id => %s, p_thread_id => 'th', "
                      "p_expected_version => 0, p_state => %s::jsonb)", (TENANT, json.dumps(RESULT)))
         conn.execute("VACUUM ANALYZE")
+    return first_token
 
 
 def costs(dsn: str, before_dsn: str, n: int = 200) -> dict[tuple[str, str], dict[str, float]]:
@@ -337,21 +352,30 @@ CREATE FUNCTION bench.f_definer_pinned(int) RETURNS boolean LANGUAGE plpgsql SEC
 
 # One call each, looped inside the server by the worker: what the trust boundary costs per call
 # without the round trip and the client (a DO block; its own overhead is the empty loop's).
-SERVER_CALLS = {
-    "empty loop": "NULL",
-    "claim (replay)": "PERFORM replaysafe.claim_action('bench', 'replay-0', 'refund', "
-                      f"'{json.dumps(REQUEST)}', 'w')",
-    "read_thread": "PERFORM replaysafe.read_thread('bench', 'th')",
-    "heartbeat (lease lost: RS002)": "BEGIN PERFORM replaysafe.heartbeat_action('bench', 'replay-0', 1); "
-                                     "EXCEPTION WHEN OTHERS THEN NULL; END",
-}
+SERVER_CALLS = ("empty loop", "claim (replay)", "read_thread", "heartbeat (lease lost: RS002)")
 
 
-def server_costs(dsn: str, loops: int = 20_000) -> dict[str, float]:
+def server_calls(attempt_token: str | None) -> dict[str, str]:
+    """The statements of SERVER_CALLS. The heartbeat presents replay-0's own attempt token
+    (``setup``'s answer; None at 0002, which takes none), so it is refused with RS002 (the
+    action is no longer running), not RS004."""
+    token = "" if attempt_token is None else f", '{attempt_token}'"
+    return {
+        "empty loop": "NULL",
+        "claim (replay)": "PERFORM replaysafe.claim_action('bench', 'replay-0', 'refund', "
+                          f"'{json.dumps(REQUEST)}', 'w')",
+        "read_thread": "PERFORM replaysafe.read_thread('bench', 'th')",
+        "heartbeat (lease lost: RS002)": "BEGIN PERFORM replaysafe.heartbeat_action("
+                                         f"'bench', 'replay-0', 1{token}); "
+                                         "EXCEPTION WHEN SQLSTATE 'RS002' THEN NULL; END",
+    }
+
+
+def server_costs(dsn: str, attempt_token: str | None, loops: int = 20_000) -> dict[str, float]:
     """Microseconds per call, in the server, as the worker."""
     out: dict[str, float] = {}
     with psycopg.connect(dsn, autocommit=True) as conn:
-        for name, stmt in SERVER_CALLS.items():
+        for name, stmt in server_calls(attempt_token).items():
             best = float("inf")
             for _ in range(3):
                 t0 = time.perf_counter()
@@ -411,7 +435,7 @@ def main() -> None:
         with psycopg.connect(server.dsn, autocommit=True) as admin:
             admin.execute(f"CREATE ROLE {WORKER_ROLE} LOGIN IN ROLE replaysafe_worker")
         setup(owner_before, "0002")
-        setup(owner_dsn)
+        head_token = setup(owner_dsn)
         dsn = pg_conninfo.make_conninfo(owner_dsn, user=WORKER_ROLE)
         before_dsn = pg_conninfo.make_conninfo(owner_before, user=WORKER_ROLE)
         workers = Workers(f"{dsn}|{before_dsn}", max(conn_counts))
@@ -450,7 +474,7 @@ def main() -> None:
               f"(xids/op {replay['xids']:.2f}, WAL bytes/op {replay['wal_bytes']:.1f})")
         print("\n| in the server, µs per call, as the worker (best of 3 loops) | 0002 | head |")
         print("|---|--:|--:|")
-        before_us, after_us = server_costs(before_dsn), server_costs(dsn)
+        before_us, after_us = server_costs(before_dsn, None), server_costs(dsn, head_token)
         for name in SERVER_CALLS:
             print(f"| {name} | {before_us[name]:.1f} | {after_us[name]:.1f} |")
         fn_costs = boundary_costs(owner_dsn, dsn)

@@ -180,10 +180,11 @@ class DirectClaimComplete:
         row = self.conn.execute(self.claim, {
             "tenant_id": "bench", "action_key": key, "operation": "noop",
             "request": f'{{"i":{self.n}}}', "worker_id": self.ident, "lease": "30 seconds",
-            "thread_id": None, "on_expired": "unknown", "now": None}, prepare=True).fetchone()
+            "thread_id": None, "on_expired": "unknown", "now": None, "claim_token": None},
+            prepare=True).fetchone()
         assert row is not None and row[0] == "claimed"
-        self.conn.execute(self.complete, {
-            "tenant_id": "bench", "action_key": key, "attempt": row[2],
+        self.conn.execute(self.complete, {  # the attempt token: claim_record's last column
+            "tenant_id": "bench", "action_key": key, "attempt": row[2], "attempt_token": row[8],
             "result": f'{{"i":{self.n}}}', "provider_reference": None, "now": None},
             prepare=True).fetchone()
 

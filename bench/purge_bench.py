@@ -72,7 +72,7 @@ def worker(dsn: str, stop: Any, out: Any) -> None:
             t0 = time.time()
             c = led.claim(key, "refund_order", {"order_id": key, "amount_cents": 100})
             samples.append((t0, time.time() - t0))
-            led.complete(key, c.attempt, {"refund_id": f"re_{i}"})
+            led.complete(c, {"refund_id": f"re_{i}"})
     out.send(samples)
 
 

@@ -76,6 +76,7 @@ def loop_direct_first(conn: psycopg.Connection[Any], prefix: str, deadline: floa
         row = conn.execute(claim, direct_params("bench", key, n), prepare=True).fetchone()
         assert row is not None and row[0] == "claimed"
         conn.execute(complete, {"tenant_id": "bench", "action_key": key, "attempt": row[2],
+                                "attempt_token": row[8],  # claim_record's last column
                                 "result": f'{{"i":{n}}}', "provider_reference": None,
                                 "now": None}, prepare=True).fetchone()
         n += 1

@@ -186,7 +186,8 @@ class Target:
         self.worker, self.operator, self.owner = login(WORKER), login(OPERATOR), login()
         self.run_id = run_id
         self.seq = 0
-        self.claimed: tuple[str, int] | None = None
+        # The key, attempt and attempt token of the last new claim (heartbeat and complete use it).
+        self.claimed: tuple[str, int, str] | None = None
         self.rng = random.Random(7)
         # A sweep or purge sample's open transaction, rolled back after the timed call.
         self.pending_rollback: psycopg.Connection[Any] | None = None
@@ -197,8 +198,8 @@ class Target:
         self.owner.close()
 
 
-CLAIM = ("SELECT outcome, attempt FROM replaysafe.claim_action(p_tenant_id => %s, p_action_key => %s, "
-         "p_operation => 'refund', p_request => %s::jsonb, p_worker_id => 'scale')")
+CLAIM = ("SELECT outcome, attempt, attempt_token FROM replaysafe.claim_action(p_tenant_id => %s, "
+         "p_action_key => %s, p_operation => 'refund', p_request => %s::jsonb, p_worker_id => 'scale')")
 
 
 def operations() -> dict[str, Callable[[Target], Callable[[], Any]]]:
@@ -207,22 +208,28 @@ def operations() -> dict[str, Callable[[Target], Callable[[], Any]]]:
     def claim_new(t: Target) -> Callable[[], Any]:
         t.seq += 1
         key = f"new-{t.run_id}-{t.seq}"
-        t.claimed = (key, 1)
-        return lambda: t.worker.execute(CLAIM, (TENANT, key, '{"order": 1}')).fetchone()
+
+        def call() -> Any:
+            row = t.worker.execute(CLAIM, (TENANT, key, '{"order": 1}')).fetchone()
+            assert row is not None and row[0] == "claimed"
+            t.claimed = (key, row[1], row[2])
+            return row
+        return call
 
     def heartbeat(t: Target) -> Callable[[], Any]:
         assert t.claimed
-        key, attempt = t.claimed
+        key, attempt, token = t.claimed
         return lambda: t.worker.execute(
             "SELECT replaysafe.heartbeat_action(p_tenant_id => %s, p_action_key => %s, "
-            "p_attempt => %s)", (TENANT, key, attempt)).fetchone()
+            "p_attempt => %s, p_attempt_token => %s)", (TENANT, key, attempt, token)).fetchone()
 
     def complete(t: Target) -> Callable[[], Any]:
         assert t.claimed
-        key, attempt = t.claimed
+        key, attempt, token = t.claimed
         return lambda: t.worker.execute(
             "SELECT replaysafe.complete_action(p_tenant_id => %s, p_action_key => %s, "
-            "p_attempt => %s, p_result => '{\"ok\": true}')", (TENANT, key, attempt)).fetchone()
+            "p_attempt => %s, p_attempt_token => %s, p_result => '{\"ok\": true}')",
+            (TENANT, key, attempt, token)).fetchone()
 
     def replay(t: Target) -> Callable[[], Any]:
         i = t.rng.randrange(BENCH_ACTIONS // 100) * 100 + t.rng.randrange(97)  # a succeeded one
