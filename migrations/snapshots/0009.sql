@@ -2230,8 +2230,8 @@ WHERE n.nspname = 'replaysafe'
 -- ---------------------------------------------------------------------------------------
 
 -- The first attempt of an action has no row in action_attempts while the action row says
--- all there is to say about it: a claim writes one row, its report updates one row (issue 12:
--- the extra row cost a third of a claim+complete's WAL). Its row is written, from the action
+-- all there is to say about it: a claim writes one row, its report updates one row (the
+-- extra row cost a third of a claim+complete's WAL). Its row is written, from the action
 -- row, by _keep_first_attempt before anything but that attempt's own report changes the
 -- action (expiry, a second attempt, an operator's resolve or reopen, a late or superseded
 -- report); until then the audit view shows the row derived here (action_attempts_v).
