@@ -1753,7 +1753,7 @@ BEGIN
         ON CONFLICT DO NOTHING;
     END IF;
     -- A new checkpoint becomes the head (the namespace is locked: no concurrent insert); one
-    -- stored before is updated, and the head stays where it was.
+    -- stored before stays as it is (or the put is refused, below), and the head where it was.
     INSERT INTO replaysafe.langgraph_checkpoints (
         tenant_id, thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, run_id,
         checkpoint, metadata, created_at)
@@ -1775,10 +1775,17 @@ BEGIN
               AND n.checkpoint_ns = p_checkpoint_ns;
             v_head := p_parent_id;
         END IF;
-        UPDATE replaysafe.langgraph_checkpoints c
-        SET checkpoint = p_checkpoint, metadata = p_metadata, run_id = p_metadata ->> 'run_id'
-        WHERE c.tenant_id = p_tenant_id AND c.thread_id = p_thread_id
-          AND c.checkpoint_ns = p_checkpoint_ns AND c.checkpoint_id = p_checkpoint_id;
+        -- A stored checkpoint is never changed in place: saving it again is allowed only as it
+        -- is (nothing changes); other content is refused and nothing of this put is kept.
+        IF NOT EXISTS (SELECT 1 FROM replaysafe.langgraph_checkpoints c
+                       WHERE c.tenant_id = p_tenant_id AND c.thread_id = p_thread_id
+                         AND c.checkpoint_ns = p_checkpoint_ns AND c.checkpoint_id = p_checkpoint_id
+                         AND c.checkpoint = p_checkpoint AND c.metadata = p_metadata
+                         AND c.parent_checkpoint_id IS NOT DISTINCT FROM p_parent_id) THEN
+            PERFORM replaysafe._raise('RS001', 'checkpoint ' || p_checkpoint_id || ' of thread '
+                || p_thread_id || ' is stored already with other content: a stored checkpoint '
+                'is never changed in place');
+        END IF;
         v_head := replaysafe._langgraph_head(p_tenant_id, p_thread_id, p_checkpoint_ns, v_head);
     END IF;
 

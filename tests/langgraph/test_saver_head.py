@@ -14,6 +14,7 @@ pytest.importorskip("langgraph")
 
 from langgraph.checkpoint.base import Checkpoint, empty_checkpoint
 
+from replaysafe_pg import FingerprintConflict
 from replaysafe_pg.langgraph import ReplaysafeSaver
 
 
@@ -110,9 +111,10 @@ def test_deleting_the_heads_run_makes_the_newest_remaining_checkpoint_the_head(
 
 
 def test_saving_a_stored_checkpoint_again_from_the_head_leaves_the_head(dsn: str) -> None:
-    """A put whose parent is the head normally moves the head to it (revision 0009 does so in
-    the statement that locks the namespace); when that checkpoint was stored before, the
-    head stays where it was and the checkpoint's metadata is updated, as before 0009."""
+    """A put whose parent is the head normally moves the head to it (in the statement that
+    locks the namespace); when that checkpoint was stored before, the head stays where it
+    was — and a stored checkpoint is never changed in place: saved again with other content
+    it is refused (FingerprintConflict), and its stored metadata stays."""
     with ReplaysafeSaver(dsn, tenant_id="A") as saver:
         ids = chain(saver, "again", lag_last=False)
         with psycopg.connect(dsn, autocommit=True) as owner:
@@ -125,11 +127,12 @@ def test_saving_a_stored_checkpoint_again_from_the_head_leaves_the_head(dsn: str
             cp["channel_values"] = {"v": "value 1"}
             cp["channel_versions"] = {"v": "2"}
             md: Any = {"source": "loop", "step": 0, "parents": {}, "again": True}
-            saver.put({"configurable": {"thread_id": "again", "checkpoint_ns": "",
-                                        "checkpoint_id": ids[0]}}, cp, md, {})
+            with pytest.raises(FingerprintConflict, match="never changed in place"):
+                saver.put({"configurable": {"thread_id": "again", "checkpoint_ns": "",
+                                            "checkpoint_id": ids[0]}}, cp, md, {})
             row = owner.execute(
                 "SELECT n.head, c.metadata ->> 'again' FROM replaysafe.langgraph_namespaces n "
                 "JOIN replaysafe.langgraph_checkpoints c USING (tenant_id, thread_id, "
                 "checkpoint_ns) WHERE n.tenant_id = 'A' AND n.thread_id = 'again' "
                 "AND c.checkpoint_id = %s", (ids[1],)).fetchone()
-    assert row == (ids[0], "true")
+    assert row == (ids[0], None)

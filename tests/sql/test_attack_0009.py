@@ -279,13 +279,18 @@ def test_a_stale_parent_is_refused_and_writes_nothing(world: str, worker: str) -
 
 
 def test_a_stored_checkpoint_saved_from_the_head_leaves_the_head(world: str, worker: str) -> None:
-    """The fallback: the fast path moved the head to p0 and its insert conflicted."""
+    """The fallback: the fast path moved the head to p0 and its insert conflicted. p0 is
+    stored with other content (another parent): a stored checkpoint is never changed in
+    place, so the put is refused (RS001) and nothing of it stays, the head's move neither."""
+    before = state(world)
     with connect_as(world, worker) as w:
-        assert w.execute(PUT, params("p0", "p1", md=UPDATE, limit=1)).fetchone() == (True, "p1")
-        # The head itself saved again from itself.
-        assert w.execute(PUT, params("p1", "p1")).fetchone() == (True, "p1")
-    s = state(world)
-    assert s["head"] == "p1"
+        for put in (params("p0", "p1", md=UPDATE, limit=1), params("p1", "p1")):
+            with pytest.raises(psycopg.Error) as refused:
+                w.execute(PUT, put)
+            assert refused.value.sqlstate == "RS001"
+        # Saved again as stored: allowed, and nothing changes.
+        assert w.execute(PUT, params("p1", "p0")).fetchone() == (True, "p1")
+    assert state(world) == before
     assert_head_is_stored(world)
 
 
@@ -372,7 +377,9 @@ def test_racing_run_loop_puts_store_one_child_of_the_head(world: str, worker: st
     try:
         if holder == "savepoint rolled back":
             held.execute("SAVEPOINT s")
-        first = {"new child": params("c1", "p1"), "stored id": params("p0", "p1", md=UPDATE),
+        # "stored id": the head saved again as it is stored (an id stored already: the put
+        # changes nothing, and holds the namespace all the same).
+        first = {"new child": params("c1", "p1"), "stored id": params("p1", "p0"),
                  "rolled back": params("c1", "p1"),
                  "savepoint rolled back": params("c1", "p1")}[holder]
         held.execute(PUT, first).fetchone()

@@ -409,3 +409,53 @@ def test_an_attempt_claimed_with_a_claim_token_before_the_upgrade_can_report_aft
         # Without a claim token there is no token to ask for again: nothing can report.
         assert claim(c, "without")[0] == "running"
         refused(c, REPORTS["complete"], "without", 1, FORGED)
+
+
+# --- a stored checkpoint is never rewritten in place --------------------------------------------------
+
+def _put(conn: Conn, id_: str, parent: str | None, md: dict[str, Any]) -> Any:
+    import json
+
+    from test_attack_0009 import PUT, params
+
+    return conn.execute(PUT, params(id_, parent, md=json.dumps(md))).fetchone()
+
+
+@pytest.mark.parametrize("revision", ["0010", "head"])
+def test_a_worker_cannot_rewrite_a_stored_checkpoint(new_db_at: Callable[[str], str],
+                                                     make_role: Callable[..., str],
+                                                     revision: str) -> None:
+    """Worker 2 saves a colleague's stored, non-head checkpoint again with other metadata: on
+    0010 the stored one was rewritten; now it is RS001 and nothing changes. Saving a
+    checkpoint again exactly as stored is allowed and changes nothing."""
+    dsn = new_db_at(schema_head() if revision == "head" else revision)
+    roles = [make_role("replaysafe_worker") for _ in range(2)]
+    for role in roles:
+        bind(dsn, role, "A")
+    first = {"source": "input", "step": -1}
+    with connect_as(dsn, roles[0]) as w1, connect_as(dsn, roles[1]) as w2, \
+            psycopg.connect(dsn, autocommit=True) as owner:
+        _put(w1, "p0", None, first)
+        _put(w1, "p1", "p0", {"source": "loop", "step": 0})
+        stored = owner.execute("SELECT row_to_json(c)::text FROM replaysafe.langgraph_checkpoints c "
+                               "WHERE checkpoint_id = 'p0'").fetchone()
+        forged = {"source": "update", "step": -1, "forged": True}  # deliberate: never a fork
+        if revision == "0010":
+            _put(w2, "p0", None, forged)
+            after = owner.execute("SELECT metadata ->> 'forged' FROM replaysafe.langgraph_checkpoints "
+                                  "WHERE checkpoint_id = 'p0'").fetchone()
+            assert after == ("true",)  # rewritten in place
+            return
+        with pytest.raises(psycopg.Error) as refused:
+            _put(w2, "p0", None, forged)
+        assert refused.value.sqlstate == "RS001"
+        # The head saved again exactly as stored: accepted, nothing changes.
+        assert _put(w2, "p1", "p0", {"source": "loop", "step": 0}) == (True, "p1")
+        assert owner.execute("SELECT row_to_json(c)::text FROM replaysafe.langgraph_checkpoints c "
+                             "WHERE checkpoint_id = 'p0'").fetchone() == stored
+
+
+def schema_head() -> str:
+    from replaysafe_pg.schema import head_revision
+
+    return head_revision()
