@@ -1721,8 +1721,13 @@ BEGIN
            AND p_parent_id IS DISTINCT FROM v_head THEN
             v_head := replaysafe._langgraph_head(p_tenant_id, p_thread_id, p_checkpoint_ns,
                                                  v_head);
-            -- Saving the head again (same id) is no fork.
+            -- Saving the head again (same id) is no fork, nor is saving any checkpoint stored
+            -- already (as stored it changes nothing; with other content it is refused below).
             IF v_head IS DISTINCT FROM p_checkpoint_id
+               AND NOT EXISTS (SELECT 1 FROM replaysafe.langgraph_checkpoints c
+                               WHERE c.tenant_id = p_tenant_id AND c.thread_id = p_thread_id
+                                 AND c.checkpoint_ns = p_checkpoint_ns
+                                 AND c.checkpoint_id = p_checkpoint_id)
                AND ((p_parent_id IS NOT NULL AND v_head IS DISTINCT FROM p_parent_id)
                     OR (p_parent_id IS NULL AND v_head IS NOT NULL
                         AND (p_metadata -> 'step' = '-1'::jsonb
@@ -1824,10 +1829,11 @@ BEGIN
 END
 $$;
 
--- Store a task's pending writes on a checkpoint (parallel arrays). With p_replace a write
--- already stored under the same task and index is replaced (LangGraph does so for its
--- special channels: errors, interrupts, resumes); otherwise it is kept. Writes on a
--- checkpoint the namespace refused are dropped. Returns the number of writes stored.
+-- Store a task's pending writes on a checkpoint (parallel arrays). A write already stored
+-- under the same task and index is kept, except, with p_replace, a write of one of
+-- LangGraph's special channels (errors, scheduled tasks, interrupts, resumes: LangGraph
+-- replaces them as a task goes on) by a write of the same channel. Writes on a checkpoint
+-- the namespace refused are dropped. Returns the number of writes stored.
 CREATE OR REPLACE FUNCTION replaysafe.langgraph_put_writes(
     p_tenant_id     text,
     p_thread_id     text,
@@ -1888,7 +1894,9 @@ BEGIN
         FROM unnest(p_idx, p_channels, p_types, p_blobs) AS w(idx, channel, type, blob)
         ON CONFLICT (tenant_id, thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO UPDATE
         SET channel = excluded.channel, type = excluded.type, blob = excluded.blob,
-            task_path = excluded.task_path;
+            task_path = excluded.task_path
+        WHERE langgraph_writes.channel = excluded.channel
+          AND langgraph_writes.channel IN ('__error__', '__scheduled__', '__interrupt__', '__resume__');
     ELSE
         INSERT INTO replaysafe.langgraph_writes (tenant_id, thread_id, checkpoint_ns,
                                                  checkpoint_id, task_id, idx, channel, type,

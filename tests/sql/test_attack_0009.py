@@ -269,12 +269,15 @@ def test_a_stale_parent_is_refused_and_writes_nothing(world: str, worker: str) -
         assert w.execute(PUT, params("c2", "p0")).fetchone() == (False, "p1")
         # ... and after it: dropped.
         assert w.execute(PUT_WRITES, {"tenant": "A", "thread": "t", "id": "c2"}).fetchone() == (0,)
-        # The stale parent again, on the fallback's ground (an id already stored).
-        assert w.execute(PUT, params("p0", "p0")).fetchone() == (False, "p1")
+        # The stale parent again, on an id already stored: no fork (the stored checkpoint is
+        # kept, its writes too), and with other content it is refused as a rewrite.
+        with pytest.raises(psycopg.Error) as rewrite:
+            w.execute(PUT, params("p0", "p0"))
+        assert rewrite.value.sqlstate == "RS001"
     after = state(world)
     assert after["head"] == "p1" and after["checkpoints"] == before["checkpoints"]
     assert after["blobs"] == before["blobs"] and after["writes"] == []
-    assert after["refused"] == ["c2", "p0"]
+    assert after["refused"] == ["c2"]
     assert_head_is_stored(world)
 
 

@@ -459,3 +459,55 @@ def schema_head() -> str:
     from replaysafe_pg.schema import head_revision
 
     return head_revision()
+
+
+WRITES = ("SELECT replaysafe.langgraph_put_writes(p_tenant_id => 'A', p_thread_id => 't', "
+          "p_checkpoint_ns => '', p_checkpoint_id => %s, p_task_id => 'task', p_task_path => '', "
+          "p_idx => %s::integer[], p_channels => %s::text[], p_types => '{json}', "
+          "p_blobs => %s::bytea[], p_replace => %s)")
+
+
+def _thread(dsn: str) -> tuple[Any, ...]:
+    with psycopg.connect(dsn) as c:
+        return tuple(c.execute(q).fetchall() for q in (
+            "SELECT checkpoint_id, parent_checkpoint_id, metadata FROM replaysafe.langgraph_checkpoints "
+            "ORDER BY 1",
+            "SELECT checkpoint_id, idx, channel, blob FROM replaysafe.langgraph_writes ORDER BY 1, 2",
+            "SELECT head, refused FROM replaysafe.langgraph_namespaces"))
+
+
+def test_a_stored_non_head_checkpoint_saved_again_is_no_fork(
+        dsn: str, two_workers: tuple[Conn, Conn, Conn]) -> None:
+    """Saving a stored checkpoint again is never taken for a fork (which would drop its
+    pending writes and refuse the ones to come): as stored it changes nothing, with other
+    content it is RS001 — either way its writes and the namespace stay as they were."""
+    w1, w2, _listener = two_workers
+    _put(w1, "p0", None, {"source": "input", "step": -1})
+    _put(w1, "p1", "p0", {"source": "loop", "step": 0})
+    _put(w1, "p2", "p1", {"source": "loop", "step": 1})
+    w1.execute(WRITES, ("p1", [0], ["w"], [b"v"], False))
+    before = _thread(dsn)
+    with pytest.raises(psycopg.Error) as refused:
+        _put(w2, "p1", "p2", {"source": "loop", "step": 9})
+    assert refused.value.sqlstate == "RS001"
+    assert _put(w2, "p1", "p0", {"source": "loop", "step": 0}) == (True, "p2")
+    assert _put(w2, "p0", None, {"source": "input", "step": -1}) == (True, "p2")
+    assert _thread(dsn) == before
+    assert w1.execute(WRITES, ("p1", [1], ["w"], [b"later"], False)).fetchone() == (1,)
+
+
+def test_only_langgraphs_special_writes_are_replaced(dsn: str,
+                                                     two_workers: tuple[Conn, Conn, Conn]) -> None:
+    w1, w2, _listener = two_workers
+    _put(w1, "p0", None, {"source": "input", "step": -1})
+    w1.execute(WRITES, ("p0", [0], ["w"], [b"v"], False))
+    w1.execute(WRITES, ("p0", [-3], ["__interrupt__"], [b"first"], False))
+    before = _thread(dsn)
+    # A regular write is kept as first written, p_replace or not; a special one only by its own channel.
+    assert w2.execute(WRITES, ("p0", [0], ["w"], [b"evil"], True)).fetchone() == (0,)
+    assert w2.execute(WRITES, ("p0", [0], ["__interrupt__"], [b"evil"], True)).fetchone() == (0,)
+    assert _thread(dsn) == before
+    assert w2.execute(WRITES, ("p0", [-3], ["__interrupt__"], [b"second"], True)).fetchone() == (1,)
+    with psycopg.connect(dsn) as c:
+        assert c.execute("SELECT blob FROM replaysafe.langgraph_writes WHERE idx = -3").fetchone() == (
+            b"second",)
