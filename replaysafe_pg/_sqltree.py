@@ -45,31 +45,13 @@ def read(part: str) -> str:
 _CREATE_FUNCTION = re.compile(r"^CREATE (?:OR REPLACE )?FUNCTION (replaysafe\.\w+)\(", re.M)
 
 
-def _parameter_list(sql: str, start: int) -> str:
-    """The text between the parenthesis at ``start`` and its match (quotes respected)."""
-    depth, i, quote = 0, start, None
-    while i < len(sql):
-        ch = sql[i]
-        if quote:
-            if ch == quote:
-                quote = None
-        elif ch in "'\"":
-            quote = ch
-        elif ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-            if depth == 0:
-                return sql[start + 1:i]
-        i += 1
-    raise ValueError(f"unbalanced parameter list at offset {start}")
-
-
-def _split_top_level(text: str) -> list[str]:
+def _parameters(sql: str, start: int) -> list[str]:
+    """The parameters in the list whose parenthesis is at ``start``: split at its top-level
+    commas, up to its closing parenthesis (quotes and nested parentheses respected)."""
     parts: list[str] = []
-    depth, quote = 0, None
     current: list[str] = []
-    for ch in text:
+    depth, quote = 0, None
+    for ch in sql[start + 1:]:
         if quote:
             if ch == quote:
                 quote = None
@@ -78,15 +60,17 @@ def _split_top_level(text: str) -> list[str]:
         elif ch in "([":
             depth += 1
         elif ch in ")]":
+            if depth == 0:
+                if "".join(current).strip():
+                    parts.append("".join(current))
+                return parts
             depth -= 1
         elif ch == "," and depth == 0:
             parts.append("".join(current))
             current = []
             continue
         current.append(ch)
-    if "".join(current).strip():
-        parts.append("".join(current))
-    return parts
+    raise ValueError(f"unbalanced parameter list at offset {start}")
 
 
 _DEFAULT = re.compile(r"\s(?:DEFAULT\s|=\s).*$", re.S | re.I)
@@ -111,7 +95,7 @@ def signatures(sql: str) -> list[str]:
     input: the database resolves the type names)."""
     found = []
     for match in _CREATE_FUNCTION.finditer(sql):
-        params = _split_top_level(_parameter_list(sql, match.end() - 1))
+        params = _parameters(sql, match.end() - 1)
         types = [t for t in (_argument_type(p) for p in params) if t is not None]
         found.append(f"{match.group(1)}({', '.join(types)})")
     return found
