@@ -43,15 +43,18 @@ REQUEST = '{"order": "o_42", "amount": 1299}'
 RESULT = '{"refund_id": "re_42", "amount": 1299}'
 
 
+def _complete(c: psycopg.Connection[Any], key: str, row: Any, tokens: bool) -> None:
+    """complete_action for the attempt ``row`` (the claim's answer) holds, with its token
+    where the schema takes one."""
+    params = {"t": "bench", "k": key, "a": row[2], "res": RESULT}
+    if tokens:
+        params["tok"] = row[8]
+    c.execute(COMPLETE_WITH_TOKEN if tokens else COMPLETE_WITHOUT, params, prepare=True)
+
+
 def _worker(dsn: str, op: str, seconds: float, tokens: bool, prefix: str, out: Any) -> None:
-    complete = COMPLETE_WITH_TOKEN if tokens else COMPLETE_WITHOUT
     with psycopg.connect(dsn, autocommit=True) as c:
         done = 0
-        if op == "replay":
-            c.execute(CLAIM, {"t": "bench", "k": f"{prefix}-r", "r": REQUEST, "c": None})
-            row = c.execute(CLAIM, {"t": "bench", "k": f"{prefix}-r", "r": REQUEST, "c": None}).fetchone()
-            if row is not None and row[0] == "running":
-                pass
         end = time.perf_counter() + seconds
         while time.perf_counter() < end:
             if op == "claim+complete":
@@ -59,10 +62,7 @@ def _worker(dsn: str, op: str, seconds: float, tokens: bool, prefix: str, out: A
                 row = c.execute(CLAIM, {"t": "bench", "k": key, "r": REQUEST,
                                         "c": secrets.token_hex(16)}, prepare=True).fetchone()
                 assert row is not None and row[0] == "claimed", row
-                params = {"t": "bench", "k": key, "a": row[2], "res": RESULT}
-                if tokens:
-                    params["tok"] = row[8]
-                c.execute(complete, params, prepare=True)
+                _complete(c, key, row, tokens)
             else:
                 row = c.execute(CLAIM, {"t": "bench", "k": f"{prefix}-r", "r": REQUEST, "c": None},
                                 prepare=True).fetchone()
@@ -75,10 +75,7 @@ def _setup_replay_key(dsn: str, prefix: str, tokens: bool) -> None:
         row = c.execute(CLAIM, {"t": "bench", "k": f"{prefix}-r", "r": REQUEST, "c": None}).fetchone()
         assert row is not None
         if row[0] == "claimed":
-            params = {"t": "bench", "k": f"{prefix}-r", "a": row[2], "res": RESULT}
-            if tokens:
-                params["tok"] = row[8]
-            c.execute(COMPLETE_WITH_TOKEN if tokens else COMPLETE_WITHOUT, params)
+            _complete(c, f"{prefix}-r", row, tokens)
 
 
 def window(dsn: str, op: str, concurrency: int, seconds: float, tokens: bool) -> float:
