@@ -284,6 +284,20 @@ AS $$
     ON CONFLICT DO NOTHING
 $$;
 
+-- When the caller's transaction began, in p_now's frame: p_now less the time since the
+-- transaction began, once that is more than the 100 ms a statement of its own may take (in
+-- autocommit it is p_now itself). A claim or sweep takes over only leases that had expired
+-- by then: holding a row lock in a long transaction until a colleague's lease runs out
+-- gains nothing.
+CREATE OR REPLACE FUNCTION replaysafe._transaction_began(p_now timestamptz)
+RETURNS timestamptz
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT p_now - CASE WHEN clock_timestamp() - now() > interval '100 milliseconds'
+                        THEN clock_timestamp() - now() ELSE interval '0' END
+$$;
+
 -- Claim an action: create it, or find it and answer what the caller must do.
 -- Outcomes: claimed | replay | running | unknown; RS001 on a changed fingerprint.
 -- A replay or an "unknown" answer reads one row without locking and writes nothing.
@@ -313,7 +327,6 @@ DECLARE
     v_tokens     bytea;
     v_claim_hash bytea;
     v_token      text;
-    v_began      timestamptz;
 BEGIN
     IF (octet_length(p_tenant_id) BETWEEN 1 AND 1024 AND length(p_tenant_id) <= 512
         AND octet_length(p_action_key) BETWEEN 1 AND 1024 AND length(p_action_key) <= 512
@@ -361,9 +374,6 @@ BEGIN
     IF p_claim_token IS NOT NULL THEN
         v_claim_hash := sha256(convert_to(p_claim_token, 'UTF8'));
     END IF;
-    -- When the caller's transaction began, in p_now's frame (see _claim_locked).
-    v_began := p_now - CASE WHEN clock_timestamp() - now() > interval '100 milliseconds'
-                            THEN clock_timestamp() - now() ELSE interval '0' END;
 
     -- Fast path, no lock: terminal and unknown actions answer from one read.
     SELECT * INTO a FROM replaysafe.actions x
@@ -389,7 +399,8 @@ BEGIN
                 a.idempotency_key, a.provider_reference,
                 replaysafe._attempt_token(p_tenant_id, p_action_key, a.attempt, p_claim_token)
                 )::replaysafe.claim_record;
-        ELSIF a.state = 'running' AND a.lease_expires_at > v_began AND a.has_waiters THEN
+        ELSIF a.state = 'running' AND a.has_waiters
+              AND a.lease_expires_at > replaysafe._transaction_began(p_now) THEN
             RETURN ('running', a.state, a.attempt, a.lease_expires_at, a.result, a.error,
                 a.idempotency_key, a.provider_reference, NULL)::replaysafe.claim_record;
         END IF;
@@ -436,9 +447,7 @@ $$;
 
 -- The part of a claim that must change the row: waiters, expired leases, retries. A lease is
 -- taken over (reclaimed, or switched to unknown) only when it had expired before the caller's
--- transaction began, in p_now's frame (p_now less the time since the transaction began,
--- once that is more than the 100 ms a statement of its own may take): holding the row lock
--- in a long transaction until a colleague's lease runs out gains nothing.
+-- transaction began (_transaction_began).
 CREATE OR REPLACE FUNCTION replaysafe._claim_locked(
     p_tenant_id text, p_action_key text, p_operation text, p_request jsonb,
     p_worker_id text, p_lease interval, p_thread_id text, p_on_expired text, p_now timestamptz,
@@ -449,8 +458,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     a          replaysafe.actions;
-    v_began    timestamptz := p_now - CASE WHEN clock_timestamp() - now() > interval '100 milliseconds'
-                                           THEN clock_timestamp() - now() ELSE interval '0' END;
+    v_began    timestamptz := replaysafe._transaction_began(p_now);
     v_token    text;
     v_hash     bytea := CASE WHEN p_claim_token IS NOT NULL
                              THEN sha256(convert_to(p_claim_token, 'UTF8')) END;
@@ -481,7 +489,7 @@ BEGIN
                 a.idempotency_key, a.provider_reference,
                 replaysafe._attempt_token(p_tenant_id, p_action_key, a.attempt, p_claim_token)
                 )::replaysafe.claim_record;
-    ELSIF a.state = 'running' AND a.lease_expires_at > least(p_now, v_began) THEN
+    ELSIF a.state = 'running' AND a.lease_expires_at > v_began THEN
         IF NOT a.has_waiters THEN
             UPDATE replaysafe.actions x SET has_waiters = true
             WHERE x.tenant_id = p_tenant_id AND x.action_key = p_action_key;
@@ -1066,8 +1074,7 @@ BEGIN
     IF v_tenant IS NULL AND NOT v_all THEN
         RETURN 0;
     END IF;
-    v_began := p_now - CASE WHEN clock_timestamp() - now() > interval '100 milliseconds'
-                            THEN clock_timestamp() - now() ELSE interval '0' END;
+    v_began := replaysafe._transaction_began(p_now);
 
     -- The batch first, locked: through (tenant_id, lease_expires_at) for a tenant's sweep, so it
     -- never walks other tenants' expired leases; through (lease_expires_at) for everyone's.
@@ -2596,6 +2603,7 @@ DECLARE
         'replaysafe.idempotency_key(text, text)',
         'replaysafe._attempt_token(text, text, integer, text)',
         'replaysafe._keep_first_attempt(text, text)',
+        'replaysafe._transaction_began(timestamptz)',
         'replaysafe.claim_action(text, text, text, jsonb, text, interval, text, text, timestamptz, text)',
         'replaysafe._claim_locked(text, text, text, jsonb, text, interval, text, text, timestamptz, text)',
         'replaysafe._expire_attempt(replaysafe.actions, timestamptz)',

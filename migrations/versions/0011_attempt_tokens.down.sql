@@ -11,6 +11,7 @@ DROP FUNCTION replaysafe._report(text, text, integer, text, replaysafe.action_st
                                  text, timestamptz);
 DROP FUNCTION replaysafe._attempt_token(text, text, integer, text);
 DROP FUNCTION replaysafe._check_attempt_token(text, text, integer, bytea);
+DROP FUNCTION replaysafe._transaction_began(timestamptz);
 
 DROP VIEW replaysafe.actions_v, replaysafe.unresolved_actions, replaysafe._visible_actions,
     replaysafe.action_attempts_v, replaysafe.multi_effect_actions,

@@ -155,8 +155,7 @@ BEGIN
     IF v_tenant IS NULL AND NOT v_all THEN
         RETURN 0;
     END IF;
-    v_began := p_now - CASE WHEN clock_timestamp() - now() > interval '100 milliseconds'
-                            THEN clock_timestamp() - now() ELSE interval '0' END;
+    v_began := replaysafe._transaction_began(p_now);
 
     -- The batch first, locked: through (tenant_id, lease_expires_at) for a tenant's sweep, so it
     -- never walks other tenants' expired leases; through (lease_expires_at) for everyone's.
