@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import select
 import threading
@@ -27,7 +28,9 @@ from psycopg.pq import ConnStatus, ExecStatus, PipelineStatus, TransactionStatus
 from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
+from replaysafe_pg import _prepared
 from replaysafe_pg._dsn import to_conninfo
+from replaysafe_pg._listen import AsyncListener, Listener
 from replaysafe_pg.errors import DatabaseUnavailable, InvalidArgument, wrap_errors
 
 Conninfo: TypeAlias = "str | psycopg.Connection[Any] | ConnectionPool[Any]"
@@ -74,19 +77,26 @@ def dropped(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> boo
     return False
 
 
-# Every connection the package opens itself resolves names in pg_catalog first: on a
-# session whose search_path puts public first, an exact-typed overload planted there (say
-# public.cardinality(text[]) or an "=" on our enum) would beat a polymorphic built-in in our
-# queries and run with the connecting role's rights (the CVE-2018-1058 class).
-PINNED_SEARCH_PATH = "-c search_path=pg_catalog,pg_temp"
+# No statement here depends on session state, so that each may land on any server connection
+# of a pooler in transaction mode:
+# - no startup ``options`` (PgBouncer refuses the parameter): instead of pinning the
+#   search_path, every name in the statements we send is qualified (sql/queries.sql,
+#   tests/unit/test_qualified_statements.py);
+# - prepared statements only on a connection whose server session is its own, named by their
+#   content, never by psycopg's per-client numbers; through a pooler, unnamed
+#   (replaysafe_pg._prepared, docs/deploying.md).
+
+# SPEC: an address that accepts and never answers fails instead of hanging.
+DEFAULT_CONNECT_TIMEOUT = 10
 
 
-def pinned(conninfo: str) -> str:
-    """``conninfo`` (any spelling :mod:`replaysafe_pg._dsn` reads) as a libpq conninfo with
-    the search_path of our own connections pinned (other options kept)."""
+def connectable(conninfo: str) -> str:
+    """``conninfo`` (any spelling :mod:`replaysafe_pg._dsn` reads) as a libpq conninfo for the
+    connections the package opens itself: a ``connect_timeout`` of 10 s unless it names one."""
     conninfo = to_conninfo(conninfo)
-    options = str(conninfo_to_dict(conninfo).get("options") or "").strip()
-    return make_conninfo(conninfo, options=f"{options} {PINNED_SEARCH_PATH}".strip())
+    if "connect_timeout" in conninfo_to_dict(conninfo):
+        return conninfo
+    return make_conninfo(conninfo, connect_timeout=DEFAULT_CONNECT_TIMEOUT)
 
 
 def _full_conninfo(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> str:
@@ -149,25 +159,44 @@ async def arefuse_pipeline(conn: psycopg.AsyncConnection[Any]) -> None:
 
 def execute_on(conn: psycopg.Connection[Any], query: LiteralString,
                params: dict[str, Any] | None = None, *, alone: bool = False,
-               binary: bool = False) -> list[tuple[Any, ...]]:
+               binary: bool = False, prepare: bool | None = None) -> list[tuple[Any, ...]]:
     """One statement on ``conn``: joins an open transaction, else commits at once.
     With ``alone``, a connection inside a transaction is refused instead of joined.
     Rows are tuples whatever the connection's row factory. Statements without a result
-    (LISTEN) answer ``[]``. ``binary``: results in binary format (bytea without hex text)."""
+    (LISTEN) answer ``[]``. ``binary``: results in binary format (bytea without hex text).
+    ``prepare`` (:mod:`replaysafe_pg._prepared`): None, a prepared statement named by its
+    content after psycopg's few uses on a connection with a server session of its own, else
+    unnamed; True, named wherever psycopg allows; False, always unnamed."""
     refuse_pipeline(conn)
     if alone:
         refuse_open_transaction(conn)
     with wrap_errors():
+        if _prepared.unprobed(conn, prepare):
+            probe = conn.cursor(row_factory=tuple_row)
+            _prepared.probed(conn, _execute(conn, probe, _prepared.PROBE, None, False, False))
         cursors, cur = _take_cursor(conn, query)
         try:
-            if conn.autocommit or conn.info.transaction_status != TransactionStatus.IDLE:
-                cur.execute(query, params, binary=binary)
-                return cur.fetchall() if _has_rows(cur) else []
-            with conn.transaction():
-                cur.execute(query, params, binary=binary)
-                return cur.fetchall() if _has_rows(cur) else []
+            named = _prepared.mode(conn, prepare)
+            try:
+                return _execute(conn, cur, query, params, binary, named)
+            except _prepared.LOST as exc:
+                if named is False or conn.info.transaction_status != TransactionStatus.IDLE:
+                    raise
+                _prepared.pooler_seen(conn, exc)
+                return _execute(conn, cur, query, params, binary, False)
         finally:
             _put_back(cursors, query, cur)
+
+
+def _execute(conn: psycopg.Connection[Any], cur: Any, query: LiteralString,
+             params: dict[str, Any] | None, binary: bool,
+             prepare: bool | None) -> list[tuple[Any, ...]]:
+    if conn.autocommit or conn.info.transaction_status != TransactionStatus.IDLE:
+        cur.execute(query, params, binary=binary, prepare=prepare)
+        return cur.fetchall() if _has_rows(cur) else []
+    with conn.transaction():
+        cur.execute(query, params, binary=binary, prepare=prepare)
+        return cur.fetchall() if _has_rows(cur) else []
 
 
 # Our statements' cursors, one per connection and statement, kept on the connection (a
@@ -213,31 +242,82 @@ def _has_rows(cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> bool:
 
 async def aexecute_on(conn: psycopg.AsyncConnection[Any], query: LiteralString,
                       params: dict[str, Any] | None = None, *,
-                      alone: bool = False, binary: bool = False) -> list[tuple[Any, ...]]:
+                      alone: bool = False, binary: bool = False,
+                      prepare: bool | None = None) -> list[tuple[Any, ...]]:
     """See :func:`execute_on`."""
     await arefuse_pipeline(conn)
     if alone:
         refuse_open_transaction(conn)
     with wrap_errors():
+        if _prepared.unprobed(conn, prepare):
+            probe = conn.cursor(row_factory=tuple_row)
+            _prepared.probed(conn, await _aexecute(conn, probe, _prepared.PROBE, None, False,
+                                                   False))
         cursors, cur = _take_cursor(conn, query)
         try:
-            if conn.autocommit or conn.info.transaction_status != TransactionStatus.IDLE:
-                await cur.execute(query, params, binary=binary)
-                return await cur.fetchall() if _has_rows(cur) else []
-            async with conn.transaction():
-                await cur.execute(query, params, binary=binary)
-                return await cur.fetchall() if _has_rows(cur) else []
+            named = _prepared.mode(conn, prepare)
+            try:
+                return await _aexecute(conn, cur, query, params, binary, named)
+            except _prepared.LOST as exc:
+                if named is False or conn.info.transaction_status != TransactionStatus.IDLE:
+                    raise
+                _prepared.pooler_seen(conn, exc)
+                return await _aexecute(conn, cur, query, params, binary, False)
         finally:
             _put_back(cursors, query, cur)
 
 
+async def _aexecute(conn: psycopg.AsyncConnection[Any], cur: Any, query: LiteralString,
+                    params: dict[str, Any] | None, binary: bool,
+                    prepare: bool | None) -> list[tuple[Any, ...]]:
+    if conn.autocommit or conn.info.transaction_status != TransactionStatus.IDLE:
+        await cur.execute(query, params, binary=binary, prepare=prepare)
+        return await cur.fetchall() if _has_rows(cur) else []
+    async with conn.transaction():
+        await cur.execute(query, params, binary=binary, prepare=prepare)
+        return await cur.fetchall() if _has_rows(cur) else []
+
+
+def _called(value: Any) -> Any:
+    """A pool's ``conninfo`` or ``kwargs``: the value, or what the callable given instead
+    returns (psycopg_pool takes either)."""
+    return value() if callable(value) else value
+
+
+async def _awaited(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+def _prepare_flag(value: bool | None) -> bool | None:
+    if value is not None and not isinstance(value, bool):
+        raise InvalidArgument(f"prepare must be None, True or False, not {value!r}")
+    return value
+
+
+def _listen_target(listen: str | bool) -> str | None:
+    """The DSN a ``listen=`` names (None: True or False)."""
+    if isinstance(listen, bool):
+        return None
+    if isinstance(listen, str):
+        return connectable(listen)
+    raise InvalidArgument(f"listen must be a DSN, True or False, not {type(listen).__name__}")
+
+
 class SyncSource:
-    def __init__(self, conninfo: Conninfo) -> None:
-        self.dsn: str | None = to_conninfo(conninfo) if isinstance(conninfo, str) else None
+    """Where a sync driver object gets its connections. ``prepare``: see :func:`execute_on`.
+    ``listen``: where waiters LISTEN (True: the place the source points to, on one connection
+    outside any pool; a DSN: there; False: nowhere, waiters claim again every second)."""
+
+    def __init__(self, conninfo: Conninfo, *, prepare: bool | None = None,
+                 listen: str | bool = True) -> None:
+        self.dsn: str | None = connectable(conninfo) if isinstance(conninfo, str) else None
         self._pool = conninfo if isinstance(conninfo, ConnectionPool) else None
         self._given = conninfo if isinstance(conninfo, psycopg.Connection) else None
         if self.dsn is None and self._pool is None and self._given is None:
             raise TypeError("expected a DSN, a psycopg Connection or a psycopg_pool ConnectionPool")
+        self.prepare = _prepare_flag(prepare)
+        self._listen_at = _listen_target(listen)
+        self.listener = Listener(None if listen is False else self._listen_connection)
         self._own: psycopg.Connection[Any] | None = None
         self._lock = threading.Lock()
         # A caller's connection is shared by our threads (run_many, heartbeats): the check
@@ -259,36 +339,20 @@ class SyncSource:
         the same database as that one."""
         with wrap_errors():  # a refused connection is DatabaseUnavailable
             if self.dsn is not None:
-                return psycopg.connect(pinned(self.dsn), autocommit=True)
+                return psycopg.connect(self.dsn, autocommit=True)
             assert self._given is not None
-            return psycopg.connect(pinned(_full_conninfo(self._given)), autocommit=True)
+            return psycopg.connect(_full_conninfo(self._given), autocommit=True)
 
-    def outlives(self, conn: psycopg.Connection[Any]) -> bool:
-        """Is ``conn`` (from :meth:`dedicated`) used again afterwards: pooled, or the given
-        connection itself? Then session state such as LISTEN must be undone."""
-        return self._pool is not None or conn is self._given
-
-    @contextlib.contextmanager
-    def dedicated(self) -> Iterator[psycopg.Connection[Any]]:
-        """A connection for one long task (LISTEN, heartbeats): new from a DSN, borrowed
-        from a pool, or, given a single connection, a second one to the same database."""
-        if self.dsn is not None:
-            with self.connect() as conn:
-                yield conn
-        elif self._pool is not None:
-            with self._pooled() as conn:
-                yield conn
-        else:
-            assert self._given is not None
-            try:
-                second = self.connect()
-            except DatabaseUnavailable as exc:
-                log.warning("replaysafe_pg: cannot open a second connection (%s); waits and "
-                            "heartbeats share the given one and may delay each other", exc)
-                yield self._given
-                return
-            with second:
-                yield second
+    def _listen_connection(self) -> psycopg.Connection[Any]:
+        """The LISTEN session's connection: never one of a pool (a waiter must not hold what
+        the owner needs to record its outcome)."""
+        with wrap_errors():
+            if self._listen_at is not None:
+                return psycopg.connect(self._listen_at, autocommit=True)
+            if self._pool is not None:
+                conninfo, kwargs = _called(self._pool.conninfo), _called(self._pool.kwargs)
+                return psycopg.connect(conninfo, **{**(kwargs or {}), "autocommit": True})
+        return self.connect()
 
     @contextlib.contextmanager
     def _pooled(self) -> Iterator[psycopg.Connection[Any]]:
@@ -334,14 +398,18 @@ class SyncSource:
         """One statement; ``alone``: it must commit on its own (see :func:`execute_on`)."""
         if self._given is not None:
             with self._given_lock:
-                return execute_on(self._given, query, params, alone=alone, binary=binary)
+                return execute_on(self._given, query, params, alone=alone, binary=binary,
+                                  prepare=self.prepare)
         if self._pool is None:  # the common case without connection(): a replay's whole path
             with wrap_errors(), self._lock:
-                return execute_on(self._usable_own(), query, params, alone=alone, binary=binary)
+                return execute_on(self._usable_own(), query, params, alone=alone, binary=binary,
+                                  prepare=self.prepare)
         with wrap_errors(), self.connection() as conn:
-            return execute_on(conn, query, params, alone=alone, binary=binary)
+            return execute_on(conn, query, params, alone=alone, binary=binary,
+                              prepare=self.prepare)
 
     def close(self) -> None:
+        self.listener.close()
         with self._lock:
             if self._own is not None:
                 self._own.close()
@@ -349,13 +417,19 @@ class SyncSource:
 
 
 class AsyncSource:
-    def __init__(self, conninfo: AsyncConninfo) -> None:
-        self.dsn: str | None = to_conninfo(conninfo) if isinstance(conninfo, str) else None
+    """See :class:`SyncSource`."""
+
+    def __init__(self, conninfo: AsyncConninfo, *, prepare: bool | None = None,
+                 listen: str | bool = True) -> None:
+        self.dsn: str | None = connectable(conninfo) if isinstance(conninfo, str) else None
         self._pool = conninfo if isinstance(conninfo, AsyncConnectionPool) else None
         self._given = conninfo if isinstance(conninfo, psycopg.AsyncConnection) else None
         if self.dsn is None and self._pool is None and self._given is None:
             raise TypeError(
                 "expected a DSN, a psycopg AsyncConnection or a psycopg_pool AsyncConnectionPool")
+        self.prepare = _prepare_flag(prepare)
+        self._listen_at = _listen_target(listen)
+        self.listener = AsyncListener(None if listen is False else self._listen_connection)
         self._own: psycopg.AsyncConnection[Any] | None = None
         self._lock: asyncio.Lock | None = None
         self._given_lock: asyncio.Lock | None = None
@@ -369,35 +443,45 @@ class AsyncSource:
         """See :meth:`SyncSource.connect`."""
         with wrap_errors():
             if self.dsn is not None:
-                return await psycopg.AsyncConnection.connect(pinned(self.dsn), autocommit=True)
+                return await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
             assert self._given is not None
-            return await psycopg.AsyncConnection.connect(pinned(_full_conninfo(self._given)),
+            return await psycopg.AsyncConnection.connect(_full_conninfo(self._given),
                                                          autocommit=True)
 
-    def outlives(self, conn: psycopg.AsyncConnection[Any]) -> bool:
-        """See :meth:`SyncSource.outlives`."""
-        return self._pool is not None or conn is self._given
+    @property
+    def pooled(self) -> bool:
+        return self._pool is not None
+
+    async def _listen_connection(self) -> psycopg.AsyncConnection[Any]:
+        """See :meth:`SyncSource._listen_connection`."""
+        with wrap_errors():
+            if self._listen_at is not None:
+                return await psycopg.AsyncConnection.connect(self._listen_at, autocommit=True)
+            if self._pool is not None:
+                conninfo = await _awaited(_called(self._pool.conninfo))
+                kwargs = await _awaited(_called(self._pool.kwargs))
+                return await psycopg.AsyncConnection.connect(
+                    conninfo, **{**(kwargs or {}), "autocommit": True})
+        return await self.connect()
 
     @contextlib.asynccontextmanager
     async def dedicated(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-        """See :meth:`SyncSource.dedicated`."""
-        if self.dsn is not None:
+        """A connection of our own for one long task (an attempt's heartbeats): new from the
+        DSN or, given a single connection, a second one to the same database (a pool lends
+        one per statement instead: :meth:`execute`)."""
+        if self._given is None:
             async with await self.connect() as conn:
                 yield conn
-        elif self._pool is not None:
-            async with self._pooled() as conn:
-                yield conn
-        else:
-            assert self._given is not None
-            try:
-                second = await self.connect()
-            except DatabaseUnavailable as exc:
-                log.warning("replaysafe_pg: cannot open a second connection (%s); waits and "
-                            "heartbeats share the given one and may delay each other", exc)
-                yield self._given
-                return
-            async with second:
-                yield second
+            return
+        try:
+            second = await self.connect()
+        except DatabaseUnavailable as exc:
+            log.warning("replaysafe_pg: cannot open a second connection (%s); heartbeats share "
+                        "the given one and may wait for its other statements", exc)
+            yield self._given
+            return
+        async with second:
+            yield second
 
     @contextlib.asynccontextmanager
     async def _pooled(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
@@ -446,17 +530,20 @@ class AsyncSource:
             if self._given_lock is None:
                 self._given_lock = asyncio.Lock()
             async with self._given_lock:
-                return await aexecute_on(self._given, query, params, alone=alone, binary=binary)
+                return await aexecute_on(self._given, query, params, alone=alone, binary=binary,
+                                         prepare=self.prepare)
         if self._pool is None:  # as SyncSource.execute: the common case without connection()
             with wrap_errors():
                 async with self._own_lock():
                     return await aexecute_on(await self._usable_own(), query, params,
-                                             alone=alone, binary=binary)
+                                             alone=alone, binary=binary, prepare=self.prepare)
         with wrap_errors():
             async with self.connection() as conn:
-                return await aexecute_on(conn, query, params, alone=alone, binary=binary)
+                return await aexecute_on(conn, query, params, alone=alone, binary=binary,
+                                         prepare=self.prepare)
 
     async def close(self) -> None:
+        await self.listener.close()
         if self._own is not None:
             await self._own.close()
             self._own = None

@@ -5,18 +5,21 @@ heap push, and nothing is sent for tools that return before a third of their lea
 thread opens its own connection (from a DSN) only when a heartbeat is due, so a heartbeat
 never waits behind the records and claims on the ledger's connection.
 
-Async: one task per running action, on a connection opened only once a heartbeat is due.
+Async: one task per running action, on a connection opened only once a heartbeat is due
+(from a pool, one borrowed per beat: never held while the task sleeps).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import heapq
 import itertools
 import logging
 import math
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
@@ -110,7 +113,7 @@ class Heartbeater:
             if self._conn is not None:
                 self._conn.close()
             self._conn = self._source.connect()
-        execute_on(self._conn, query, params)
+        execute_on(self._conn, query, params, prepare=self._source.prepare)
 
     def _beat(self, ticket: Ticket) -> float | None:
         """Heartbeat once; seconds until the next one, or None to stop."""
@@ -157,15 +160,14 @@ class AsyncHeartbeats:
 
     async def _beat(self, ticket: Ticket) -> None:
         await asyncio.sleep(ticket.first_beat)
-        query, params = ticket.heartbeat.query, ticket.heartbeat.params
         while True:
             try:
-                async with self._source.dedicated() as conn:
-                    while True:
-                        sent_at = time.monotonic()
-                        await aexecute_on(conn, query, params)
-                        ticket.extended(sent_at)
-                        await asyncio.sleep(ticket.interval)
+                if self._source.pooled:  # a pool lends one per beat: never held while asleep
+                    await self._beats(ticket, self._source.execute)
+                else:
+                    async with self._source.dedicated() as conn:
+                        await self._beats(ticket, functools.partial(
+                            aexecute_on, conn, prepare=self._source.prepare))
             except LeaseLost:
                 if not ticket.recording and not ticket.done:  # as the sync heartbeat
                     ticket.lease_lost = True
@@ -180,6 +182,15 @@ class AsyncHeartbeats:
                 log.exception("heartbeat for action %r (attempt %d) failed", ticket.action_key,
                               ticket.attempt)
                 await asyncio.sleep(ticket.interval / 2)
+
+    @staticmethod
+    async def _beats(ticket: Ticket, send: Callable[..., Awaitable[Any]]) -> None:
+        query, params = ticket.heartbeat.query, ticket.heartbeat.params
+        while True:
+            sent_at = time.monotonic()
+            await send(query, params)
+            ticket.extended(sent_at)
+            await asyncio.sleep(ticket.interval)
 
 
 def _consume(task: asyncio.Task[None]) -> None:

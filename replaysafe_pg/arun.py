@@ -16,10 +16,11 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 from replaysafe_pg import _tracing, runner
-from replaysafe_pg._conn import AsyncSource, aexecute_on
+from replaysafe_pg._conn import AsyncSource
 from replaysafe_pg._heartbeat import AsyncHeartbeats
-from replaysafe_pg.calls import LISTEN, UNLISTEN, Calls, Statement
-from replaysafe_pg.errors import unavailable, wrap_errors
+from replaysafe_pg._listen import AsyncSubscription
+from replaysafe_pg.calls import Calls, Statement
+from replaysafe_pg.errors import unavailable
 from replaysafe_pg.execution import Execution
 from replaysafe_pg.models import Claim, ClaimOutcome
 from replaysafe_pg.runner import Plan, Steps
@@ -39,11 +40,6 @@ async def drive(steps: Steps[T], perform: Callable[[runner.Effect], Awaitable[An
     return stepper.result  # type: ignore[return-value]
 
 
-async def _send_on(conn: Any, statement: Statement[T], alone: bool = False) -> T:
-    return statement.decode(await aexecute_on(conn, statement.query, statement.params,
-                                              alone=alone))
-
-
 @contextlib.contextmanager
 def _no_raw_errors() -> Iterator[None]:
     """See :func:`replaysafe_pg.run._no_raw_errors`."""
@@ -51,36 +47,6 @@ def _no_raw_errors() -> Iterator[None]:
         yield
     except runner.RAW_ERRORS as exc:
         raise unavailable(exc) from exc
-
-
-class _Listener:
-    """See :class:`replaysafe_pg.run._Listener`."""
-
-    def __init__(self, source: AsyncSource) -> None:
-        self._source = source
-        self._stack: contextlib.AsyncExitStack | None = None
-        self.conn: Any = None
-
-    async def open(self) -> None:
-        await self.close()
-        stack = contextlib.AsyncExitStack()
-        try:
-            with wrap_errors():
-                conn = await stack.enter_async_context(self._source.dedicated())
-            await _send_on(conn, LISTEN)
-        except BaseException:
-            await stack.aclose()
-            raise
-        self._stack, self.conn = stack, conn
-
-    async def close(self) -> None:
-        stack, conn, self._stack, self.conn = self._stack, self.conn, None, None
-        if stack is None:
-            return
-        async with stack:
-            with contextlib.suppress(*runner.RETRY_ERRORS):
-                if self._source.outlives(conn) and not conn.closed and not conn.broken:
-                    await _send_on(conn, UNLISTEN)
 
 
 class Runner:
@@ -138,22 +104,25 @@ class Runner:
 
     async def _wait(self, plan: Plan, claim: Claim) -> Claim:
         deadline = time.monotonic() + plan.wait_timeout
-        listener = _Listener(self._source)
+        subscription = AsyncSubscription(self._source.listener)
         try:
             return await drive(runner.wait(plan, claim, deadline, self._source.can_reconnect),
-                               lambda effect: self._perform(effect, listener))
+                               lambda effect: self._perform(effect, subscription))
         finally:
-            await listener.close()
+            subscription.drop()
 
-    async def _perform(self, effect: runner.Effect, listener: _Listener | None = None) -> Any:
+    async def _perform(self, effect: runner.Effect,
+                       subscription: AsyncSubscription | None = None) -> Any:
         match effect:
             case runner.Send(statement, alone):
-                if listener is not None:
-                    return await _send_on(listener.conn, statement, alone)
                 return await self._send(statement, alone)
-            case runner.Listen():
-                assert listener is not None
-                await listener.open()
+            case runner.Listen(key):
+                assert subscription is not None
+                await subscription.subscribe(key)
+                return None
+            case runner.Notified(seconds):
+                assert subscription is not None
+                await subscription.wait(seconds)
                 return None
             case runner.Sleep(seconds):
                 await asyncio.sleep(seconds)
@@ -164,22 +133,7 @@ class Runner:
                 steps = runner.record(self._calls, report, pending, ticket,
                                       self._source.can_reconnect)
                 return await asyncio.shield(drive(steps, self._perform))
-            case runner.Notified(key, seconds):
-                assert listener is not None
-                return await _await_notify(listener.conn, key, seconds)
         raise AssertionError(effect)
-
-
-async def _await_notify(conn: Any, key: str, seconds: float) -> bool:
-    with wrap_errors():
-        notes = conn.notifies(timeout=seconds)
-        try:
-            async for note in notes:
-                if note.channel == runner.CHANNEL and note.payload == key:
-                    return True
-        finally:
-            await notes.aclose()
-    return False
 
 
 async def _call_within(plan: Plan, kwargs: dict[str, Any]) -> Any:

@@ -112,10 +112,6 @@ def _attempts(rows: Rows) -> list[Attempt]:
     return [Attempt.from_row(r) for r in rows]
 
 
-def _nothing(rows: Rows) -> None:
-    return None
-
-
 def _thread_state(rows: Rows) -> ThreadState:
     return ThreadState(*rows[0])
 
@@ -130,8 +126,6 @@ def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-LISTEN: Statement[None] = Statement("listen_actions", {}, _nothing)
-UNLISTEN: Statement[None] = Statement("unlisten_actions", {}, _nothing)
 
 
 class Calls:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from types import TracebackType
 from typing import Any
 
@@ -101,6 +102,14 @@ class DatabaseUnavailable(ReplaysafeError):
     """
 
 
+class ConnectionRefused(DatabaseUnavailable):
+    """The database, or a pooler in front of it, refused for a reason no retry can fix: a
+    login, password or database it does not know, a startup parameter it does not take
+    (PgBouncer and ``options``), or, inside the caller's transaction, a prepared statement
+    it lost or holds under that name (``prepare=True`` behind a transaction pooler). Never
+    retried."""
+
+
 class SchemaNotInstalled(ReplaysafeError):
     """The database has no (or an outdated) replaysafe schema: run ``replaysafe-pg migrate``."""
 
@@ -125,6 +134,17 @@ BY_SQLSTATE: dict[str, type[ReplaysafeError]] = {
 _INVALID_INPUT = ("22P02", "22P05", "22021", "22003", "22007", "22008", "2202E", "22023")
 
 
+# duplicate_prepared_statement, invalid_sql_statement_name: one client's statement names met
+# another's on a server connection a pooler shares.
+_LOST_PREPARED = ("42P05", "26000")
+# What a server or pooler says when it refuses a connection for good (libpq gives these no
+# SQLSTATE): retrying cannot help.
+_REFUSED_FOR_GOOD = re.compile(
+    r"password authentication failed|authentication failed for user|no pg_hba\.conf entry"
+    r"|role \".*\" does not exist|database \".*\" does not exist|no such user|no such database"
+    r"|unsupported startup parameter|unsupported pkt type")
+
+
 def translate(exc: psycopg.Error) -> ReplaysafeError | None:
     """The domain exception for a database error, or None if it is not one of ours."""
     state = exc.sqlstate
@@ -142,6 +162,11 @@ def translate(exc: psycopg.Error) -> ReplaysafeError | None:
         return InvalidArgument(f"invalid argument: {message}", detail=diag.message_detail)
     if state == "42501":  # insufficient_privilege: row-level security or missing grants
         return AccessDenied(f"access denied: {message}")
+    if state in _LOST_PREPARED:
+        return ConnectionRefused(
+            f"{message}: named prepared statements do not survive a transaction pooler "
+            "(PgBouncer's pool_mode = transaction, a managed pooler): leave the driver "
+            "object's prepare=None (the default) or make it prepare=False, docs/deploying.md")
     if state in ("3F000", "42883", "42P01", "42704") and "replaysafe" in str(exc):
         return SchemaNotInstalled(
             "the replaysafe schema is missing or outdated in this database: "
@@ -168,13 +193,18 @@ class wrap_errors:  # used as ``with wrap_errors():``, like the function it was
         if domain is not None:
             raise domain from exc
         if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+            if exc.sqlstate is None and _REFUSED_FOR_GOOD.search(str(exc)):
+                raise ConnectionRefused(f"connection refused: {_first_line(exc)}") from exc
             raise unavailable(exc) from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
 def unavailable(exc: BaseException) -> DatabaseUnavailable:
     """The :class:`DatabaseUnavailable` for a driver's connection error (chain it)."""
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return DatabaseUnavailable(f"database unavailable: {first}")
+    return DatabaseUnavailable(f"database unavailable: {_first_line(exc)}")
 
 
 # --- Errors of Ledger.run (client side: no SQLSTATE of their own) ----------------------

@@ -86,12 +86,19 @@ class Ledger(_LedgerBase):
     ``conninfo`` is a DSN (the ledger opens one autocommit connection lazily), a psycopg
     connection, or a psycopg_pool pool. ``encoder`` turns what ``run``'s tools return into
     JSON data (default: pydantic-core's ``to_jsonable_python``; see docs/run.md).
+    ``prepare``: None (default), prepared statements on a connection whose server session is
+    its own (a direct one), unnamed through a pooler; True, prepared wherever psycopg allows
+    (a session pooler); False, always unnamed (docs/deploying.md). ``listen``: where
+    ``run``'s waiters LISTEN for wake-ups: True (one connection to where ``conninfo``
+    points, outside any pool), a DSN (a direct one, behind a transaction pooler), or False
+    (none: waiters claim again every second).
     """
 
     def __init__(self, conninfo: Conninfo, *, tenant_id: str = "default",
-                 worker_id: str | None = None, encoder: Encoder | None = None) -> None:
+                 worker_id: str | None = None, encoder: Encoder | None = None,
+                 prepare: bool | None = None, listen: str | bool = True) -> None:
         super().__init__(tenant_id=tenant_id, worker_id=worker_id, encoder=encoder)
-        self._source = SyncSource(conninfo)
+        self._source = SyncSource(conninfo, prepare=prepare, listen=listen)
         self._heartbeats = Heartbeater(self._source)
         self._runner = run.Runner(self._calls, self._source, self._heartbeats)
 
@@ -227,9 +234,10 @@ class AsyncLedger(_LedgerBase):
     _awaits = True
 
     def __init__(self, conninfo: AsyncConninfo, *, tenant_id: str = "default",
-                 worker_id: str | None = None, encoder: Encoder | None = None) -> None:
+                 worker_id: str | None = None, encoder: Encoder | None = None,
+                 prepare: bool | None = None, listen: str | bool = True) -> None:
         super().__init__(tenant_id=tenant_id, worker_id=worker_id, encoder=encoder)
-        self._source = AsyncSource(conninfo)
+        self._source = AsyncSource(conninfo, prepare=prepare, listen=listen)
         self._runner = arun.Runner(self._calls, self._source)
 
     async def close(self) -> None:

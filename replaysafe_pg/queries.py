@@ -1,9 +1,9 @@
 """The driver's SQL, loaded once from ``sql/queries.sql`` (split at ``-- name: ... --``).
 
-Time-sensitive queries end their call with ``, p_now => %(now)s::timestamptz``. The loader
-derives a second form without that argument, and :func:`get` picks the form from the
-parameters: ``p_now`` is sent only when the caller gave a ``now``; otherwise it is left out
-and the function's default (the moment of the call) applies — never the start of a
+Time-sensitive queries end their call with ``, p_now => %(now)s::pg_catalog.timestamptz``.
+The loader derives a second form without that argument, and :func:`get` picks the form from
+the parameters: ``p_now`` is sent only when the caller gave a ``now``; otherwise it is left
+out and the function's default (the moment of the call) applies — never the start of a
 transaction, and never a client clock.
 """
 
@@ -18,7 +18,7 @@ from replaysafe_pg._paths import sql_dir
 
 _MARKER = re.compile(r"^-- name: (\w+) --$", re.MULTILINE)
 # How a query passes the caller's clock; it is removed whole to leave the default in force.
-NOW_ARGUMENT = ", p_now => %(now)s::timestamptz"
+NOW_ARGUMENT = ", p_now => %(now)s::pg_catalog.timestamptz"
 _NOW_WORD = re.compile(r"\b(p_now|now)\b")
 
 

@@ -1,8 +1,8 @@
 """``Ledger.run`` and ``Ledger.run_many``: the sync I/O shell of :mod:`replaysafe_pg.runner`.
 
 It performs the runner's effects with blocking calls: the claimed calls of ``run_many`` run
-in a thread pool, a tool with a timeout in a daemon thread, a waiter blocks on its LISTEN
-connection.
+in a thread pool, a tool with a timeout in a daemon thread, a waiter blocks on its
+subscription to the ledger's LISTEN session.
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from replaysafe_pg import _tracing, runner
-from replaysafe_pg._conn import SyncSource, execute_on
+from replaysafe_pg._conn import SyncSource
 from replaysafe_pg._heartbeat import Heartbeater
-from replaysafe_pg.calls import LISTEN, UNLISTEN, Calls, Statement
-from replaysafe_pg.errors import unavailable, wrap_errors
+from replaysafe_pg._listen import Subscription
+from replaysafe_pg.calls import Calls, Statement
+from replaysafe_pg.errors import unavailable
 from replaysafe_pg.execution import Execution
 from replaysafe_pg.models import Claim, ClaimOutcome
 from replaysafe_pg.runner import Plan, Steps
@@ -38,10 +39,6 @@ def drive(steps: Steps[T], perform: Callable[[runner.Effect], Any]) -> T:
     return stepper.result  # type: ignore[return-value]
 
 
-def _send_on(conn: Any, statement: Statement[T], alone: bool = False) -> T:
-    return statement.decode(execute_on(conn, statement.query, statement.params, alone=alone))
-
-
 @contextlib.contextmanager
 def _no_raw_errors() -> Iterator[None]:
     """docs/errors.md: a connection error reaches the caller of ``run`` as DatabaseUnavailable,
@@ -50,37 +47,6 @@ def _no_raw_errors() -> Iterator[None]:
         yield
     except runner.RAW_ERRORS as exc:
         raise unavailable(exc) from exc
-
-
-class _Listener:
-    """A waiter's LISTEN connection, opened again (LISTEN first) when it died."""
-
-    def __init__(self, source: SyncSource) -> None:
-        self._source = source
-        self._stack: contextlib.ExitStack | None = None
-        self.conn: Any = None
-
-    def open(self) -> None:
-        self.close()
-        stack = contextlib.ExitStack()
-        try:
-            with wrap_errors():
-                conn = stack.enter_context(self._source.dedicated())
-            _send_on(conn, LISTEN)
-        except BaseException:
-            stack.close()
-            raise
-        self._stack, self.conn = stack, conn
-
-    def close(self) -> None:
-        stack, conn, self._stack, self.conn = self._stack, self.conn, None, None
-        if stack is None:
-            return
-        with stack, contextlib.suppress(*runner.RETRY_ERRORS):
-            if self._source.outlives(conn) and not conn.closed and not conn.broken:
-                # A pooled (or, failing a second one, the caller's) connection goes back
-                # without our LISTEN; a connection of our own is simply closed.
-                _send_on(conn, UNLISTEN)
 
 
 class Runner:
@@ -142,22 +108,24 @@ class Runner:
 
     def _wait(self, plan: Plan, claim: Claim) -> Claim:
         deadline = time.monotonic() + plan.wait_timeout
-        listener = _Listener(self._source)
+        subscription = Subscription(self._source.listener)
         try:
             return drive(runner.wait(plan, claim, deadline, self._source.can_reconnect),
-                         lambda effect: self._perform(effect, listener))
+                         lambda effect: self._perform(effect, subscription))
         finally:
-            listener.close()
+            subscription.drop()
 
-    def _perform(self, effect: runner.Effect, listener: _Listener | None = None) -> Any:
+    def _perform(self, effect: runner.Effect, subscription: Subscription | None = None) -> Any:
         match effect:
             case runner.Send(statement, alone):
-                if listener is not None:
-                    return _send_on(listener.conn, statement, alone)
                 return self._send(statement, alone)
-            case runner.Listen():
-                assert listener is not None
-                listener.open()
+            case runner.Listen(key):
+                assert subscription is not None
+                subscription.subscribe(key)
+                return None
+            case runner.Notified(seconds):
+                assert subscription is not None
+                subscription.wait(seconds)
                 return None
             case runner.Sleep(seconds):
                 time.sleep(seconds)
@@ -167,18 +135,7 @@ class Runner:
             case runner.Record(report, pending, ticket):
                 return drive(runner.record(self._calls, report, pending, ticket,
                                            self._source.can_reconnect), self._perform)
-            case runner.Notified(key, seconds):
-                assert listener is not None
-                return _await_notify(listener.conn, key, seconds)
         raise AssertionError(effect)
-
-
-def _await_notify(conn: Any, key: str, seconds: float) -> bool:
-    with wrap_errors():
-        for note in conn.notifies(timeout=seconds):
-            if note.channel == runner.CHANNEL and note.payload == key:
-                return True
-    return False
 
 
 def _call(plan: Plan, kwargs: dict[str, Any]) -> Any:

@@ -1,12 +1,12 @@
 """What ``run`` decides, written once for the sync and async flavours; no I/O here.
 
 Round trips: a first call costs two (claim, record), a replay one. Heartbeats are sent
-only for tools that run longer than a third of their lease; waiting costs a LISTEN
-connection and one claim per wake-up.
+only for tools that run longer than a third of their lease; waiting costs one claim per
+wake-up (a NOTIFY on the ledger's one LISTEN session, or at the latest every second).
 
 Connection errors are ridden out for as long as the lease asked for (docs/run.md, "When the
 database goes away"): the claim is sent again with the call's claim token, the record
-again after checking whether it had landed, the waiter's LISTEN connection is opened again.
+again after checking whether it had landed, a waiter's claim again until its deadline.
 
 The steps that send something are generators: they yield an effect (:class:`Send`,
 :class:`Sleep`, :class:`RunTool`, :class:`Record`, :class:`Notified`) and get its answer
@@ -31,8 +31,10 @@ from typing import Any, Generic, TypeAlias, TypeVar
 import psycopg
 
 from replaysafe_pg import _args, _json
+from replaysafe_pg._listen import POLL_INTERVAL
 from replaysafe_pg.calls import Calls, Encoded, Lease, Statement
 from replaysafe_pg.errors import (
+    ConnectionRefused,
     DatabaseUnavailable,
     InvalidArgument,
     OutcomeNotRecorded,
@@ -61,7 +63,6 @@ log = logging.getLogger("replaysafe_pg.run")
 
 T = TypeVar("T")
 
-CHANNEL = "replaysafe_actions"
 DEFAULT_WAIT_TIMEOUT = 30.0
 # A statement that failed on these is tried again on a fresh connection (the driver's own
 # errors are DatabaseUnavailable; the raw ones can only come from a caller's connection).
@@ -335,14 +336,16 @@ class Record:
 
 @dataclass(frozen=True, slots=True)
 class Listen:
-    """(Re)open the waiter's connection and LISTEN on it; later sends of the wait go there."""
+    """Subscribe the waiter to the key's NOTIFY (the ledger's LISTEN session listens before
+    this returns, when it can), dropping its earlier subscription."""
+
+    key: str
 
 
 @dataclass(frozen=True, slots=True)
 class Notified:
-    """Wait on the LISTEN connection for the key's NOTIFY, at most ``seconds``."""
+    """Wait for the subscribed key's NOTIFY, at most ``seconds``."""
 
-    key: str
     seconds: float
 
 
@@ -452,12 +455,17 @@ def claim_within_lease(statement: Statement[T], lease_seconds: float,
             answer: T = yield Send(statement, alone=True)
             return answer
         except RETRY_ERRORS as exc:
-            delay = backoff.next_delay() if can_reconnect else None
+            delay = backoff.next_delay() if _retryable(exc, can_reconnect) else None
             if delay is None:
                 raise as_unavailable(exc) from exc.__cause__ or exc
             log.warning("claiming failed, claiming again with the same token in %.2f s: %s",
                         delay, exc)
         yield Sleep(delay)
+
+
+def _retryable(exc: BaseException, can_reconnect: bool) -> bool:
+    """May a statement that failed on ``exc`` be sent again on a fresh connection?"""
+    return can_reconnect and not isinstance(exc, ConnectionRefused)
 
 
 def as_unavailable(exc: BaseException) -> BaseException:
@@ -466,32 +474,29 @@ def as_unavailable(exc: BaseException) -> BaseException:
 
 
 def wait(plan: Plan, claim: Claim, deadline: float, can_reconnect: bool) -> Steps[Claim]:
-    """The wake-ups of docs/sql-ledger.md, on a connection that LISTENs: claim again, wait for the key's
-    NOTIFY or the lease's end, until the claim is no longer "running" or ``deadline``. A
-    LISTEN connection that dies is opened again (LISTEN before the claim, so no wake-up is
-    missed) until ``deadline``."""
+    """The wake-ups of docs/sql-ledger.md: subscribe to the key's NOTIFY, claim again, wait
+    for the NOTIFY, the lease's end or POLL_INTERVAL, whichever comes first, until the claim
+    is no longer "running" or ``deadline``. The claims borrow a connection each, so a waiter
+    holds none the owner needs. A claim that fails on a connection error is sent again
+    (backing off) until ``deadline``."""
     clock = WaitClock()
     backoff = Backoff(deadline)
-    listening = False
     while True:
         try:
-            if not listening:
-                yield Listen()
-                listening = True
+            yield Listen(claim.idempotency_key)
             claim = yield Send(plan.claim, alone=True)
             backoff = Backoff(deadline)
             remaining = deadline - time.monotonic()
             if claim.outcome is not ClaimOutcome.RUNNING or remaining <= 0:
                 return claim
-            yield Notified(claim.idempotency_key, clock.seconds(claim, remaining))
+            yield Notified(min(clock.seconds(claim, remaining), POLL_INTERVAL))
             continue
         except RETRY_ERRORS as exc:
-            listening = False
-            delay = backoff.next_delay() if can_reconnect else None
+            delay = backoff.next_delay() if _retryable(exc, can_reconnect) else None
             if delay is None:
                 raise as_unavailable(exc) from exc.__cause__ or exc
-            log.warning("waiting for action %r: the LISTEN connection failed, opening another "
-                        "in %.2f s: %s", plan.key, delay, exc)
+            log.warning("waiting for action %r: claiming again failed, again in %.2f s: %s",
+                        plan.key, delay, exc)
         yield Sleep(delay)
 
 
@@ -575,6 +580,8 @@ def record(calls: Calls, report: Report, pending: Execution, ticket: Ticket,
                 attempts = yield Send(calls.attempts(pending.action_key))
             except RETRY_ERRORS as exc:
                 last = exc
+                if isinstance(exc, ConnectionRefused):
+                    break
                 continue
             if report.landed(attempts, pending.attempt):
                 return ReportOutcome.RECORDED
@@ -584,6 +591,8 @@ def record(calls: Calls, report: Report, pending: Execution, ticket: Ticket,
             return outcome
         except RETRY_ERRORS as exc:
             last = exc
+            if isinstance(exc, ConnectionRefused):
+                break
             log.warning("recording the outcome of action %r (attempt %d) failed, retrying on a "
                         "fresh connection: %s", pending.action_key, pending.attempt, exc)
     raise not_recorded(pending, last) from last

@@ -387,17 +387,25 @@ def _privilege_errors() -> Iterator[None]:
 # Which way the installed revision may be read by the current role, from the catalogs alone
 # (they need no privilege): replaysafe.installed_revision() (0004 on; EXECUTE for the group
 # roles and the owner), else the version table (the owner, before 0004). NULL: not there.
+# Sent on any role's connection, whatever its search_path: every name is qualified
+# (tests/unit/test_qualified_statements.py).
 REVISION_PROBE_SQL: LiteralString = (
     "SELECT (SELECT pg_catalog.has_schema_privilege(p.pronamespace, 'USAGE') "
     "AND pg_catalog.has_function_privilege(p.oid, 'EXECUTE') "
-    "FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace "
-    "WHERE n.nspname = 'replaysafe' AND p.proname = 'installed_revision' AND p.pronargs = 0), "
+    "FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n "
+    "ON n.oid OPERATOR(pg_catalog.=) p.pronamespace "
+    "WHERE n.nspname OPERATOR(pg_catalog.=) 'replaysafe' "
+    "AND p.proname OPERATOR(pg_catalog.=) 'installed_revision' "
+    "AND p.pronargs OPERATOR(pg_catalog.=) 0), "
     "(SELECT pg_catalog.has_schema_privilege(c.relnamespace, 'USAGE') "
     "AND pg_catalog.has_table_privilege(c.oid, 'SELECT') "
-    "FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
-    "WHERE n.nspname = 'replaysafe' AND c.relname = 'alembic_version' AND c.relkind = 'r')")
+    "FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n "
+    "ON n.oid OPERATOR(pg_catalog.=) c.relnamespace "
+    "WHERE n.nspname OPERATOR(pg_catalog.=) 'replaysafe' "
+    "AND c.relname OPERATOR(pg_catalog.=) 'alembic_version' "
+    "AND c.relkind OPERATOR(pg_catalog.=) 'r')")
 REVISION_BY_FUNCTION_SQL: LiteralString = "SELECT replaysafe.installed_revision()"
-REVISION_BY_TABLE_SQL: LiteralString = "SELECT version_num::text FROM replaysafe.alembic_version"
+REVISION_BY_TABLE_SQL: LiteralString = "SELECT version_num::pg_catalog.text FROM replaysafe.alembic_version"
 
 
 def read_revision(fetch: Callable[[LiteralString], Any]) -> str | None:
@@ -475,11 +483,15 @@ def migrate(target: str | Connection | Engine, revision: str = "head", *,
             _distribute(conn, shard_count)
 
 
+# Sent before the migration's transaction pins its search_path: every name is qualified.
+CITUS_VERSION_SQL: LiteralString = ("SELECT e.extversion FROM pg_catalog.pg_extension e "
+                                    "WHERE e.extname OPERATOR(pg_catalog.=) 'citus'")
+
+
 def _require_citus(connection: Connection) -> None:
     import sqlalchemy as sa
 
-    version = connection.execute(sa.text(
-        "SELECT e.extversion FROM pg_catalog.pg_extension e WHERE e.extname = 'citus'")).scalar()
+    version = connection.execute(sa.text(CITUS_VERSION_SQL)).scalar()
     if version is None:
         raise CitusUnavailable(
             "the citus extension is not installed in this database: replaysafe's Citus "

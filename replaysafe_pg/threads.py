@@ -40,12 +40,13 @@ class Threads(_ThreadsBase):
     ``conninfo`` is a DSN (one autocommit connection is opened lazily), a psycopg connection,
     or a psycopg_pool pool. With ``user_id``, threads this object creates belong to that user,
     and threads of other users raise :class:`~replaysafe_pg.errors.AccessDenied`.
+    ``prepare``: where statements are prepared (see :class:`~replaysafe_pg.Ledger`).
     """
 
     def __init__(self, conninfo: Conninfo, *, tenant_id: str = "default",
-                 user_id: str | None = None) -> None:
+                 user_id: str | None = None, prepare: bool | None = None) -> None:
         super().__init__(tenant_id=tenant_id, user_id=user_id)
-        self._source = SyncSource(conninfo)
+        self._source = SyncSource(conninfo, prepare=prepare, listen=False)
 
     def close(self) -> None:
         self._source.close()
@@ -82,9 +83,9 @@ class AsyncThreads(_ThreadsBase):
     """Thread state for one tenant (asyncio); same methods as :class:`Threads`."""
 
     def __init__(self, conninfo: AsyncConninfo, *, tenant_id: str = "default",
-                 user_id: str | None = None) -> None:
+                 user_id: str | None = None, prepare: bool | None = None) -> None:
         super().__init__(tenant_id=tenant_id, user_id=user_id)
-        self._source = AsyncSource(conninfo)
+        self._source = AsyncSource(conninfo, prepare=prepare, listen=False)
 
     async def close(self) -> None:
         await self._source.close()

@@ -22,7 +22,7 @@ from typing import Any
 import psycopg
 
 from replaysafe_pg import schema
-from replaysafe_pg._conn import pinned
+from replaysafe_pg._conn import connectable
 from replaysafe_pg.cli import embedded
 from replaysafe_pg.errors import InvalidArgument
 
@@ -84,7 +84,7 @@ class Database:
     def connect(self, **kwargs: Any) -> psycopg.Connection[Any]:
         dsn = self.dsn()
         try:
-            return psycopg.connect(pinned(dsn), autocommit=True, **kwargs)
+            return psycopg.connect(connectable(dsn), autocommit=True, prepare_threshold=None, **kwargs)
         except (psycopg.Error, InvalidArgument) as exc:  # InvalidArgument: a DSN libpq cannot read
             raise ConnectError(f"cannot connect to the database: {first_line(exc)}") from exc
 

@@ -74,23 +74,25 @@ class ReplaysafeSaver(_Base):
     ``allow_pickle``: DANGEROUS; load (and store) values of type tag ``pickle``, as
     ``JsonPlusSerializer(pickle_fallback=True)`` writes them: any writer of the tenant's
     checkpoints can then run code in every process that loads them. Refused by default.
+    ``prepare``: where statements are prepared (see :class:`~replaysafe_pg.Ledger`).
     """
 
     def __init__(self, conninfo: Conninfo, *, tenant_id: str = "default",
                  serde: SerializerProtocol | None = None,
-                 history_limit: int | None = None, allow_pickle: bool = False) -> None:
+                 history_limit: int | None = None, allow_pickle: bool = False,
+                 prepare: bool | None = None) -> None:
         super().__init__(tenant_id=tenant_id, serde=serde, history_limit=history_limit,
                          allow_pickle=allow_pickle)
-        self._source = SyncSource(conninfo)
+        self._source = SyncSource(conninfo, prepare=prepare, listen=False)
 
     @classmethod
     @contextlib.contextmanager
     def from_conn_string(cls, conn_string: str, *, tenant_id: str = "default",
                          serde: SerializerProtocol | None = None,
-                         history_limit: int | None = None,
-                         allow_pickle: bool = False) -> Iterator[ReplaysafeSaver]:
+                         history_limit: int | None = None, allow_pickle: bool = False,
+                         prepare: bool | None = None) -> Iterator[ReplaysafeSaver]:
         saver = cls(conn_string, tenant_id=tenant_id, serde=serde, history_limit=history_limit,
-                    allow_pickle=allow_pickle)
+                    allow_pickle=allow_pickle, prepare=prepare)
         try:
             yield saver
         finally:
@@ -193,10 +195,11 @@ class AsyncReplaysafeSaver(_Base):
 
     def __init__(self, conninfo: AsyncConninfo, *, tenant_id: str = "default",
                  serde: SerializerProtocol | None = None,
-                 history_limit: int | None = None, allow_pickle: bool = False) -> None:
+                 history_limit: int | None = None, allow_pickle: bool = False,
+                 prepare: bool | None = None) -> None:
         super().__init__(tenant_id=tenant_id, serde=serde, history_limit=history_limit,
                          allow_pickle=allow_pickle)
-        self._source = AsyncSource(conninfo)
+        self._source = AsyncSource(conninfo, prepare=prepare, listen=False)
         try:
             self.loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
@@ -207,9 +210,9 @@ class AsyncReplaysafeSaver(_Base):
     async def from_conn_string(cls, conn_string: str, *, tenant_id: str = "default",
                                serde: SerializerProtocol | None = None,
                                history_limit: int | None = None, allow_pickle: bool = False,
-                               ) -> AsyncIterator[AsyncReplaysafeSaver]:
+                               prepare: bool | None = None) -> AsyncIterator[AsyncReplaysafeSaver]:
         saver = cls(conn_string, tenant_id=tenant_id, serde=serde, history_limit=history_limit,
-                    allow_pickle=allow_pickle)
+                    allow_pickle=allow_pickle, prepare=prepare)
         try:
             yield saver
         finally:

@@ -29,7 +29,7 @@ def conn(admin_dsn: str, template_db: str) -> Iterator[psycopg.Connection[Any]]:
 
 
 CALL = re.compile(r"replaysafe\.(\w+)\(")
-PARAM = re.compile(r"%\((\w+)\)[sbt](?:::([\w\[\] ]+))?")
+PARAM = re.compile(r"%\((\w+)\)[sbt](?:::([\w.\[\] ]+))?")
 NAMED = re.compile(r"^(p_\w+) => (.*)$", re.DOTALL)
 
 

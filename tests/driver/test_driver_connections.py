@@ -90,10 +90,11 @@ def test_shared_non_autocommit_connection_across_threads_loses_nothing(dsn: str)
 def test_long_tasks_get_a_connection_of_their_own(dsn: str, autocommit: bool) -> None:
     with psycopg.connect(dsn, autocommit=autocommit) as conn:
         source = SyncSource(conn)
-        with source.dedicated() as other:
-            assert other is not conn
-            assert other.autocommit
-            assert other.info.backend_pid != conn.info.backend_pid
+        with source.connect() as other, source._listen_connection() as listening:
+            for own in (other, listening):
+                assert own is not conn
+                assert own.autocommit
+                assert own.info.backend_pid != conn.info.backend_pid
 
 
 def test_async_long_tasks_get_a_connection_of_their_own(dsn: str) -> None:

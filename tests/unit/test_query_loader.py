@@ -48,7 +48,7 @@ def test_bytea_parameters_go_in_binary() -> None:
     # In text format psycopg hex-encodes each value and escapes it with a regular expression
     # (a 2 KB checkpoint value became 4 KB on the wire, ~11 us of client time per put), and
     # the server parses the hex back.
-    typed = re.compile(r"%\((\w+)\)([sbt])::bytea\b")
+    typed = re.compile(r"%\((\w+)\)([sbt])::(?:pg_catalog\.)?bytea\b")
     found = [(name, m.group(1), m.group(2)) for name, query in queries.all_queries().items()
              for m in typed.finditer(query)]
     assert found, "no bytea parameter found: the pattern is out of date"
