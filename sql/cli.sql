@@ -70,3 +70,9 @@ SELECT c.relname::pg_catalog.text AS table_name, p.partmethod::pg_catalog.text A
 -- doctor, on Citus: the views that find a caller's binding look it up per node (a later
 -- migration that replaced them needs `migrate --citus` again).
 SELECT v.name, pg_catalog.strpos(pg_catalog.pg_get_viewdef(('replaysafe.' OPERATOR(pg_catalog.||) v.name)::pg_catalog.regclass), 'role_binding_nodes') OPERATOR(pg_catalog.>) 0 AS per_node FROM pg_catalog.unnest(ARRAY['_caller', '_reader']) AS v(name) ORDER BY 1
+
+-- name: worker_timeouts --
+-- doctor's advice: each LOGIN role (not a superuser) that is a member of replaysafe_worker,
+-- and whether its settings (for every database, or this one) set the two timeouts a worker
+-- login should have (a value of 0 turns a timeout off).
+SELECT r.rolname::pg_catalog.text AS role, pg_catalog.array_to_string(ARRAY(SELECT c.setting FROM pg_catalog.pg_db_role_setting s CROSS JOIN LATERAL pg_catalog.unnest(s.setconfig) AS c(setting) WHERE s.setrole OPERATOR(pg_catalog.=) r.oid AND (s.setdatabase OPERATOR(pg_catalog.=) 0::pg_catalog.oid OR s.setdatabase OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()))), ' ') AS settings FROM pg_catalog.pg_roles r CROSS JOIN pg_catalog.pg_roles g WHERE g.rolname OPERATOR(pg_catalog.=) 'replaysafe_worker' AND r.rolcanlogin AND NOT r.rolsuper AND r.oid OPERATOR(pg_catalog.<>) g.oid AND pg_catalog.pg_has_role(r.oid, g.oid, 'MEMBER') ORDER BY 1

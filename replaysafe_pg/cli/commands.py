@@ -451,6 +451,7 @@ def doctor(ctx: click.Context, conn: psycopg.Connection[Any]) -> None:
     # Every check reads the catalogs, which any role may: they are complete for any caller.
     # Only the counts read the actions view, as the caller's rights allow.
     counts_scope: str | None = None
+    advice: list[str] = []
     if installed:
         on_citus = bool(_rows(conn, "citus_present")[0]["present"])
         checks += _schema_object_checks(_rows(conn, "schema_objects"), complete=current == head,
@@ -462,6 +463,7 @@ def doctor(ctx: click.Context, conn: psycopg.Connection[Any]) -> None:
             checks.append({"check": f"row-level security on {table['table_name']}",
                            "ok": table["rls_enabled"],
                            "detail": "enabled" if table["rls_enabled"] else "DISABLED"})
+        advice = _timeout_advice(_rows(conn, "worker_timeouts"))
         assert scope is not None
         if scope["reads_actions"]:
             counts = {r["state"]: r["actions"] for r in _rows(conn, "counts_by_state")}
@@ -470,6 +472,7 @@ def doctor(ctx: click.Context, conn: psycopg.Connection[Any]) -> None:
 
     def human() -> str:
         lines = [f"{'ok  ' if c['ok'] else 'FAIL'}  {c['check']}: {c['detail']}" for c in checks]
+        lines += [f"note  {a}" for a in advice]
         if installed and counts_scope is None:
             lines.append(f"actions by state: not shown ({info['role']} may not read "
                          "replaysafe.actions_v; the schema owner or a replaysafe role may)")
@@ -481,10 +484,26 @@ def doctor(ctx: click.Context, conn: psycopg.Connection[Any]) -> None:
                             "read; every check above is complete for any role)"))
         return "\n".join(lines)
 
-    _emit(ctx, human, {"ok": ok, "checks": checks, "counts": counts,
+    _emit(ctx, human, {"ok": ok, "checks": checks, "advice": advice, "counts": counts,
                        "counts_scope": counts_scope, "revision": current, "head": head})
     if not ok:
         ctx.exit(EXIT_ATTENTION)
+
+
+# What doctor recommends a worker login sets (docs/deploying.md#timeouts).
+WORKER_TIMEOUTS = ("idle_in_transaction_session_timeout", "statement_timeout")
+
+
+def _timeout_advice(logins: list[dict[str, Any]]) -> list[str]:
+    """Advice, not failures: the worker logins that leave a recommended timeout unset."""
+    advice = []
+    for login in logins:
+        settings = dict(s.split("=", 1) for s in login["settings"].split() if "=" in s)
+        unset = [t for t in WORKER_TIMEOUTS if settings.get(t, "0") in ("0", "")]
+        if unset:
+            advice.append(f"worker login {login['role']} sets no {' and no '.join(unset)}: "
+                          f"ALTER ROLE {login['role']} SET {unset[0]} = '30s' (docs/deploying.md)")
+    return advice
 
 
 def _schema_object_checks(objects: list[dict[str, Any]], *, complete: bool,

@@ -1,0 +1,28 @@
+"""doctor advises the two timeouts a worker login should set (docs/deploying.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import psycopg
+from helpers.cli import run, run_json
+
+
+def test_doctor_advises_timeouts_for_worker_logins(dsn: str, make_role: Callable[..., str]) -> None:
+    bare = make_role("replaysafe_worker")
+    tuned = make_role("replaysafe_worker")
+    half = make_role("replaysafe_worker")
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute(f'ALTER ROLE "{tuned}" SET idle_in_transaction_session_timeout = \'30s\'')
+        c.execute(f'ALTER ROLE "{tuned}" SET statement_timeout = \'5s\'')
+        c.execute(f'ALTER ROLE "{half}" SET statement_timeout = \'5s\'')
+        c.execute(f'ALTER ROLE "{half}" SET idle_in_transaction_session_timeout = 0')
+    report = run_json("doctor", dsn=dsn)
+    advice = "\n".join(report["advice"])
+    assert f"worker login {bare} sets no idle_in_transaction_session_timeout and no " \
+           "statement_timeout" in advice
+    assert f"worker login {half} sets no idle_in_transaction_session_timeout:" in advice
+    assert tuned not in advice
+    assert report["ok"], "advice is not a failure"
+    out = run("doctor", dsn=dsn).output
+    assert f"note  worker login {bare} sets no" in out
