@@ -140,7 +140,7 @@ _LOST_PREPARED = ("42P05", "26000")
 # What a server or pooler says when it refuses a connection for good (libpq gives these no
 # SQLSTATE): retrying cannot help.
 _REFUSED_FOR_GOOD = re.compile(
-    r"password authentication failed|authentication failed for user|no pg_hba\.conf entry"
+    r"authentication failed|no pg_hba\.conf entry"
     r"|role \".*\" does not exist|database \".*\" does not exist|no such user|no such database"
     r"|unsupported startup parameter|unsupported pkt type")
 

@@ -19,7 +19,7 @@ from helpers.pgbouncer import PgBouncer
 from helpers.run import ROOT, add_effect, count_effects, make_effects_table
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from replaysafe_pg import AsyncLedger, Ledger, Threads
+from replaysafe_pg import AsyncLedger, ConnectionRefused, Ledger, Threads
 from replaysafe_pg.reconcile import Succeeded
 
 
@@ -347,3 +347,21 @@ def test_the_example_of_docs_deploying_runs(
     blocks = re.findall(r"```python\n(.*?)```", text, re.S)
     assert len(blocks) == 1
     exec(compile(blocks[0], "docs/deploying.md", "exec"), {})
+
+
+@pytest.mark.parametrize("what", ["an unknown login", "a startup parameter"])
+def test_a_refusal_for_good_is_not_retried(
+        dsn: str, transaction_bouncer: PgBouncer, worker_login: Callable[..., str],
+        what: str) -> None:
+    """PgBouncer refuses a login it does not know and any startup ``options``: ``run`` says
+    so at once (``ConnectionRefused``) instead of retrying for its lease."""
+    through = transaction_bouncer.through(worker_login("t1"))
+    if what == "an unknown login":
+        through = psycopg.conninfo.make_conninfo(through, user="nobody_knows_me")
+    else:
+        through = psycopg.conninfo.make_conninfo(through, options="-c statement_timeout=5s")
+    started = time.monotonic()
+    with Ledger(through, tenant_id="t1") as ledger, \
+            pytest.raises(ConnectionRefused, match="authentication failed|unsupported startup parameter"):
+        ledger.run("refund", lambda: {"ok": True}, {}, key="k", lease=30)
+    assert time.monotonic() - started < 5
