@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import logging
 import select
 import threading
 from collections.abc import AsyncIterator, Iterator
-from typing import Any, LiteralString, TypeAlias
+from typing import Any, LiteralString, TypeAlias, TypeVar
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -28,9 +29,8 @@ from psycopg.pq import ConnStatus, ExecStatus, PipelineStatus, TransactionStatus
 from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from replaysafe_pg import _prepared
+from replaysafe_pg import _listen, _prepared
 from replaysafe_pg._dsn import to_conninfo
-from replaysafe_pg._listen import AsyncListener, Listener
 from replaysafe_pg.errors import DatabaseUnavailable, InvalidArgument, wrap_errors
 
 Conninfo: TypeAlias = "str | psycopg.Connection[Any] | ConnectionPool[Any]"
@@ -173,7 +173,10 @@ def execute_on(conn: psycopg.Connection[Any], query: LiteralString,
     with wrap_errors():
         if _prepared.unprobed(conn, prepare):
             probe = conn.cursor(row_factory=tuple_row)
-            _prepared.probed(conn, _execute(conn, probe, _prepared.PROBE, None, False, False))
+            _prepared.probed(conn, _execute(conn, probe, _listen.PROBE, None, False, False))
+        if _prepared.adoptable(conn, prepare):
+            with conn.lock:
+                _prepared.adopt(conn)
         cursors, cur = _take_cursor(conn, query)
         try:
             named = _prepared.mode(conn, prepare)
@@ -186,6 +189,7 @@ def execute_on(conn: psycopg.Connection[Any], query: LiteralString,
                 return _execute(conn, cur, query, params, binary, False)
         finally:
             _put_back(cursors, query, cur)
+            _bound_backlog(conn)
 
 
 def _execute(conn: psycopg.Connection[Any], cur: Any, query: LiteralString,
@@ -251,8 +255,11 @@ async def aexecute_on(conn: psycopg.AsyncConnection[Any], query: LiteralString,
     with wrap_errors():
         if _prepared.unprobed(conn, prepare):
             probe = conn.cursor(row_factory=tuple_row)
-            _prepared.probed(conn, await _aexecute(conn, probe, _prepared.PROBE, None, False,
+            _prepared.probed(conn, await _aexecute(conn, probe, _listen.PROBE, None, False,
                                                    False))
+        if _prepared.adoptable(conn, prepare):
+            async with conn.lock:
+                _prepared.adopt(conn)
         cursors, cur = _take_cursor(conn, query)
         try:
             named = _prepared.mode(conn, prepare)
@@ -265,6 +272,7 @@ async def aexecute_on(conn: psycopg.AsyncConnection[Any], query: LiteralString,
                 return await _aexecute(conn, cur, query, params, binary, False)
         finally:
             _put_back(cursors, query, cur)
+            _bound_backlog(conn)
 
 
 async def _aexecute(conn: psycopg.AsyncConnection[Any], cur: Any, query: LiteralString,
@@ -276,6 +284,51 @@ async def _aexecute(conn: psycopg.AsyncConnection[Any], cur: Any, query: Literal
     async with conn.transaction():
         await cur.execute(query, params, binary=binary, prepare=prepare)
         return await cur.fetchall() if _has_rows(cur) else []
+
+
+# Notifications are for the LISTEN session only. Elsewhere psycopg keeps every one it
+# receives until someone asks (an unbounded backlog): behind a transaction pooler a server
+# session another client LISTENs on hands them to whoever runs there next.
+NOTIFY_BACKLOG_LIMIT = 1000
+_C = TypeVar("_C", psycopg.Connection[Any], psycopg.AsyncConnection[Any])
+
+
+def _ignore(_note: psycopg.Notify) -> None:
+    return None
+
+
+def _deaf(conn: _C) -> _C:
+    """A connection of the driver's own that drops every notification it receives."""
+    conn.add_notify_handler(_ignore)
+    return conn
+
+
+def _bound_backlog(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
+    """A caller's (or a pool's) connection keeps at most NOTIFY_BACKLOG_LIMIT notifications
+    received while the driver used it."""
+    backlog = getattr(conn, "_notifies_backlog", None)
+    if backlog and len(backlog) > NOTIFY_BACKLOG_LIMIT:
+        log.warning("replaysafe_pg: dropping %d notifications nobody read on a connection the "
+                    "driver used (a pooler's server session that someone LISTENs on?)",
+                    len(backlog))
+        backlog.clear()
+
+
+def _connect_to(conninfo: str) -> psycopg.Connection[Any]:
+    return psycopg.connect(conninfo, autocommit=True)
+
+
+async def _aconnect_to(conninfo: str) -> psycopg.AsyncConnection[Any]:
+    return await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
+
+
+def _pool_place(conninfo: str, kwargs: dict[str, Any] | None) -> str:
+    """A pool's ``conninfo`` with the connection parameters among its ``kwargs`` (the others
+    are psycopg's: row_factory, autocommit...)."""
+    extra = {k: v for k, v in (kwargs or {}).items()
+             if isinstance(v, str | int) and not isinstance(v, bool)
+             and k not in ("prepare_threshold",)}
+    return connectable(make_conninfo(conninfo, **extra))
 
 
 def _called(value: Any) -> Any:
@@ -317,7 +370,8 @@ class SyncSource:
             raise TypeError("expected a DSN, a psycopg Connection or a psycopg_pool ConnectionPool")
         self.prepare = _prepare_flag(prepare)
         self._listen_at = _listen_target(listen)
-        self.listener = Listener(None if listen is False else self._listen_connection)
+        self._listens = listen is not False
+        self._listener: _listen.Listener | None = None
         self._own: psycopg.Connection[Any] | None = None
         self._lock = threading.Lock()
         # A caller's connection is shared by our threads (run_many, heartbeats): the check
@@ -339,20 +393,30 @@ class SyncSource:
         the same database as that one."""
         with wrap_errors():  # a refused connection is DatabaseUnavailable
             if self.dsn is not None:
-                return psycopg.connect(self.dsn, autocommit=True)
+                return _deaf(psycopg.connect(self.dsn, autocommit=True))
             assert self._given is not None
-            return psycopg.connect(_full_conninfo(self._given), autocommit=True)
+            return _deaf(psycopg.connect(_full_conninfo(self._given), autocommit=True))
 
-    def _listen_connection(self) -> psycopg.Connection[Any]:
-        """The LISTEN session's connection: never one of a pool (a waiter must not hold what
-        the owner needs to record its outcome)."""
-        with wrap_errors():
-            if self._listen_at is not None:
-                return psycopg.connect(self._listen_at, autocommit=True)
-            if self._pool is not None:
-                conninfo, kwargs = _called(self._pool.conninfo), _called(self._pool.kwargs)
-                return psycopg.connect(conninfo, **{**(kwargs or {}), "autocommit": True})
-        return self.connect()
+    def listener(self) -> _listen.Listener | None:
+        """The LISTEN session the waiters of this source share (None: it does not listen):
+        the process's one for the same place."""
+        if not self._listens:
+            return None
+        if self._listener is None:
+            target = self._listen_at or self._place()
+            self._listener = _listen.listener_for(
+                target, functools.partial(_connect_to, target),
+                probe=self._listen_at is None)
+        return self._listener
+
+    def _place(self) -> str:
+        """Where this source's connections go, as a conninfo (a pool's outside the pool)."""
+        if self.dsn is not None:
+            return self.dsn
+        if self._pool is not None:
+            return _pool_place(_called(self._pool.conninfo), _called(self._pool.kwargs))
+        assert self._given is not None
+        return connectable(_full_conninfo(self._given))
 
     @contextlib.contextmanager
     def _pooled(self) -> Iterator[psycopg.Connection[Any]]:
@@ -408,8 +472,22 @@ class SyncSource:
             return execute_on(conn, query, params, alone=alone, binary=binary,
                               prepare=self.prepare)
 
+    def execute_aside(self, query: LiteralString, params: dict[str, Any], *,
+                      alone: bool = False) -> list[tuple[Any, ...]]:
+        """As :meth:`execute`, for a waiter's claims: beside a caller's connection, on a
+        second one of the driver's own (the caller's may be inside a transaction of its own
+        meanwhile), or on the given one when no second can be opened."""
+        if self._given is not None:
+            with self._lock:
+                try:
+                    conn: psycopg.Connection[Any] | None = self._usable_own()
+                except DatabaseUnavailable:
+                    conn = None
+                if conn is not None:
+                    return execute_on(conn, query, params, alone=alone, prepare=self.prepare)
+        return self.execute(query, params, alone=alone)
+
     def close(self) -> None:
-        self.listener.close()
         with self._lock:
             if self._own is not None:
                 self._own.close()
@@ -429,7 +507,7 @@ class AsyncSource:
                 "expected a DSN, a psycopg AsyncConnection or a psycopg_pool AsyncConnectionPool")
         self.prepare = _prepare_flag(prepare)
         self._listen_at = _listen_target(listen)
-        self.listener = AsyncListener(None if listen is False else self._listen_connection)
+        self._listens = listen is not False
         self._own: psycopg.AsyncConnection[Any] | None = None
         self._lock: asyncio.Lock | None = None
         self._given_lock: asyncio.Lock | None = None
@@ -443,26 +521,31 @@ class AsyncSource:
         """See :meth:`SyncSource.connect`."""
         with wrap_errors():
             if self.dsn is not None:
-                return await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
+                return _deaf(await psycopg.AsyncConnection.connect(self.dsn, autocommit=True))
             assert self._given is not None
-            return await psycopg.AsyncConnection.connect(_full_conninfo(self._given),
-                                                         autocommit=True)
+            return _deaf(await psycopg.AsyncConnection.connect(_full_conninfo(self._given),
+                                                               autocommit=True))
 
     @property
     def pooled(self) -> bool:
         return self._pool is not None
 
-    async def _listen_connection(self) -> psycopg.AsyncConnection[Any]:
-        """See :meth:`SyncSource._listen_connection`."""
-        with wrap_errors():
-            if self._listen_at is not None:
-                return await psycopg.AsyncConnection.connect(self._listen_at, autocommit=True)
-            if self._pool is not None:
-                conninfo = await _awaited(_called(self._pool.conninfo))
-                kwargs = await _awaited(_called(self._pool.kwargs))
-                return await psycopg.AsyncConnection.connect(
-                    conninfo, **{**(kwargs or {}), "autocommit": True})
-        return await self.connect()
+    async def listener(self) -> _listen.AsyncListener | None:
+        """See :meth:`SyncSource.listener`; the running event loop's."""
+        if not self._listens:
+            return None
+        if self._listen_at is not None:
+            target = self._listen_at
+        elif self.dsn is not None:
+            target = self.dsn
+        elif self._pool is not None:
+            target = _pool_place(await _awaited(_called(self._pool.conninfo)),
+                                 await _awaited(_called(self._pool.kwargs)))
+        else:
+            assert self._given is not None
+            target = connectable(_full_conninfo(self._given))
+        return _listen.async_listener_for(target, functools.partial(_aconnect_to, target),
+                                          probe=self._listen_at is None)
 
     @contextlib.asynccontextmanager
     async def dedicated(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
@@ -542,8 +625,21 @@ class AsyncSource:
                 return await aexecute_on(conn, query, params, alone=alone, binary=binary,
                                          prepare=self.prepare)
 
+    async def execute_aside(self, query: LiteralString, params: dict[str, Any], *,
+                            alone: bool = False) -> list[tuple[Any, ...]]:
+        """See :meth:`SyncSource.execute_aside`."""
+        if self._given is not None:
+            async with self._own_lock():
+                try:
+                    conn: psycopg.AsyncConnection[Any] | None = await self._usable_own()
+                except DatabaseUnavailable:
+                    conn = None
+                if conn is not None:
+                    return await aexecute_on(conn, query, params, alone=alone,
+                                             prepare=self.prepare)
+        return await self.execute(query, params, alone=alone)
+
     async def close(self) -> None:
-        await self.listener.close()
         if self._own is not None:
             await self._own.close()
             self._own = None

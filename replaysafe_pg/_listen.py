@@ -1,16 +1,21 @@
-"""One LISTEN session per driver object, shared by every waiter of ``Ledger.run``.
+"""The LISTEN session that wakes the waiters of ``Ledger.run``: one per place and process.
 
-A waiter subscribes to its action's key before it claims again (so no wake-up can be
-missed), then waits for the key's NOTIFY, at most :data:`POLL_INTERVAL`, and claims again.
-The session is one connection outside the caller's pool, opened on the first wait and kept
-until the ledger closes; a waiter holds nothing the owner of the action needs (its claims
-borrow a connection for one statement each).
+A waiter subscribes to its action's key, claims again, then waits for the key's NOTIFY — at
+most :data:`POLL_INTERVAL` — and claims again. Every driver object of a process that listens
+at the same place shares one session (per event loop, in the asyncio flavour): one
+connection outside any pool, opened by its reader (a thread, or a task) when a first waiter
+subscribes and closed again once nobody has waited for :data:`IDLE_CLOSE` seconds, or once
+no driver object refers to it any more. A subscriber waits at most :data:`LISTEN_WAIT` for a
+session that is opening, so that LISTEN comes before its claim; a waiter never waits on the
+connection itself, and holds nothing the owner of its action needs.
 
 Behind a transaction pooler a LISTEN lands on whichever server connection serves it and
-hears nothing afterwards: there the waiters' claims every :data:`POLL_INTERVAL` carry the
-wake-ups (give the ledger ``listen=`` a direct DSN, or ``listen=False``: docs/deploying.md).
-A session that cannot be opened, or dies, is logged and opened again on a later wait; its
-waiters are woken to claim again at once (a NOTIFY may have been lost with it).
+hears nothing afterwards (it stays registered there, for other clients). So a session for
+the place the driver object's own connections go is first probed as the statements' are
+(:mod:`replaysafe_pg._prepared`): through a pooler it never LISTENs and the waiters' claims
+every second carry the wake-ups. A DSN given as ``listen=`` is trusted (a direct one, or a
+session pooler). A session that fails, or cannot be opened, wakes its waiters to claim at
+once; it is opened again on a later wait, at most once a second.
 """
 
 from __future__ import annotations
@@ -20,20 +25,37 @@ import contextlib
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, LiteralString
 
 import psycopg
+from psycopg.rows import tuple_row
 
 log = logging.getLogger("replaysafe_pg.run")
 
 CHANNEL = "replaysafe_actions"
-LISTEN = "LISTEN replaysafe_actions"
-# A waiter claims again at least this often (seconds), whether or not its session hears.
+LISTEN: LiteralString = "LISTEN replaysafe_actions"
+PROBE: LiteralString = "SELECT pg_catalog.pg_backend_pid()"
+
+
+def own_session(rows: list[tuple[Any, ...]], conn: Any) -> bool:
+    """Is the server session :data:`PROBE` answered ``rows`` on the connection's own? The
+    backend pid of the connection's startup answer (libpq's BackendKeyData) is the server's
+    only on a direct connection: a pooler answers the startup before it lends a server
+    connection, with a pid of its own making (PgBouncer's is random)."""
+    return bool(rows) and rows[0][0] == conn.info.backend_pid
+
+
+# A waiter claims again at least this often (seconds), whether or not the session hears.
 POLL_INTERVAL = 1.0
+# How long a subscriber waits for a session that is being opened (seconds).
+LISTEN_WAIT = 0.2
+# A session nobody waited on for this long is closed (seconds).
+IDLE_CLOSE = 10.0
 # After a failure to open the session, waits go without one for this long (seconds).
 REOPEN_DELAY = 1.0
-# How often an idle sync reader looks whether its listener was closed (seconds).
+# How often a reader looks whether its listener is still wanted (seconds).
 _READ_TICK = 0.2
 
 Connect = Callable[[], psycopg.Connection[Any]]
@@ -41,11 +63,15 @@ AsyncConnect = Callable[[], Awaitable[psycopg.AsyncConnection[Any]]]
 
 
 class _Subscribers:
-    """Who waits for which key; shared by both flavours."""
+    """Who waits for which key, and the session's state; shared by both flavours."""
 
-    def __init__(self) -> None:
+    def __init__(self, target: str, probe: bool) -> None:
+        self.target = target
+        self.probe = probe
         self.by_key: dict[str, set[Any]] = {}
         self.failed_at: float | None = None
+        self.deaf = False
+        self.idle_since = time.monotonic()
 
     def add(self, key: str, event: Any) -> None:
         self.by_key.setdefault(key, set()).add(event)
@@ -56,177 +82,266 @@ class _Subscribers:
             events.discard(event)
             if not events:
                 del self.by_key[key]
+        if not self.by_key:
+            self.idle_since = time.monotonic()
 
     def wake(self, key: str | None) -> None:
         """Wake the waiters of ``key`` (None: every waiter)."""
-        groups = self.by_key.values() if key is None else [self.by_key.get(key, ())]
+        groups = list(self.by_key.values()) if key is None else [self.by_key.get(key, set())]
         for events in groups:
             for event in events:
                 event.set()
 
     def may_open(self) -> bool:
-        return self.failed_at is None or time.monotonic() - self.failed_at >= REOPEN_DELAY
+        return not self.deaf and (
+            self.failed_at is None or time.monotonic() - self.failed_at >= REOPEN_DELAY)
+
+    def idle(self) -> bool:
+        return not self.by_key and time.monotonic() - self.idle_since >= IDLE_CLOSE
 
     def opening_failed(self, exc: BaseException) -> None:
         self.failed_at = time.monotonic()
         log.warning("replaysafe_pg: cannot LISTEN for wake-ups (%s); waiters claim again every "
                     "%g s meanwhile", exc, POLL_INTERVAL)
 
+    def heard_nothing(self) -> None:
+        self.deaf = True
+        log.info("replaysafe_pg: the connections for LISTEN go through a pooler, where LISTEN "
+                 "hears nothing; waiters claim again every %g s (give the ledger listen= a "
+                 "direct DSN for immediate wake-ups)", POLL_INTERVAL)
+
+    @staticmethod
+    def session_failed(exc: BaseException) -> None:
+        log.warning("replaysafe_pg: the LISTEN session failed (%s); opening another on the "
+                    "next wait", exc)
+
+    def own_session(self, rows: list[tuple[Any, ...]], conn: Any) -> bool:
+        """Probed (or trusted): may ``conn`` LISTEN?"""
+        if self.probe and not own_session(rows, conn):
+            self.heard_nothing()
+            return False
+        return True
+
 
 class Listener:
-    """The LISTEN session of a sync driver object (``connect`` None: none; waiters poll)."""
+    """The shared LISTEN session of sync driver objects for one place; see the module."""
 
-    def __init__(self, connect: Connect | None) -> None:
+    def __init__(self, connect: Connect, target: str, probe: bool) -> None:
         self._connect = connect
         self._lock = threading.Lock()
-        self._subscribers = _Subscribers()
-        self._conn: psycopg.Connection[Any] | None = None
+        self._subscribers = _Subscribers(target, probe)
+        self._ready = threading.Event()
         self._reader: threading.Thread | None = None
-        self._closed = False
 
     def subscribe(self, key: str) -> threading.Event:
-        """An event set when ``key`` is notified; the session LISTENs before this returns
-        (when it can)."""
+        """An event set when ``key`` is notified (or the session failed)."""
         event = threading.Event()
         with self._lock:
             self._subscribers.add(key, event)
-            self._ensure_open()
+            reader = self._reader
+            if reader is None and self._subscribers.may_open():
+                self._ready.clear()
+                reader = self._reader = threading.Thread(
+                    target=_read, args=(weakref.ref(self), self._connect), daemon=True,
+                    name="replaysafe-listen")
+                reader.start()
+        if reader is not None:
+            self._ready.wait(LISTEN_WAIT)
         return event
 
     def unsubscribe(self, key: str, event: threading.Event) -> None:
         with self._lock:
             self._subscribers.discard(key, event)
 
-    def _ensure_open(self) -> None:
-        if (self._connect is None or self._closed or self._conn is not None
-                or not self._subscribers.may_open()):
-            return
-        try:
-            conn = self._connect()
-            try:
-                conn.execute(LISTEN)
-            except BaseException:
-                conn.close()
-                raise
-        except Exception as exc:
-            self._subscribers.opening_failed(exc)
-            return
-        self._conn = conn
-        self._reader = threading.Thread(target=self._read, args=(conn,), daemon=True,
-                                        name="replaysafe-listen")
-        self._reader.start()
-
-    def _read(self, conn: psycopg.Connection[Any]) -> None:
-        try:
-            while not self._closed:
-                for note in conn.notifies(timeout=_READ_TICK):
-                    if note.channel == CHANNEL:
-                        with self._lock:
-                            self._subscribers.wake(note.payload)
-        except psycopg.Error as exc:
-            if not self._closed:
-                log.warning("replaysafe_pg: the LISTEN session failed (%s); opening another "
-                            "on the next wait", exc)
-        finally:
-            with self._lock:
-                if self._conn is conn:
-                    self._conn = None
-                self._subscribers.wake(None)  # claim again now: a wake-up may be lost
-            conn.close()
-
-    def close(self) -> None:
+    def _open(self, conn: psycopg.Connection[Any]) -> bool:
+        """Probe (for the driver's own place) and LISTEN on ``conn``."""
+        rows = conn.cursor(row_factory=tuple_row).execute(PROBE).fetchall() \
+            if self._subscribers.probe else []
         with self._lock:
-            self._closed = True
-            reader = self._reader
-        if reader is not None:
-            reader.join(timeout=2 * _READ_TICK + 1.0)
+            if not self._subscribers.own_session(rows, conn):
+                return False
+        conn.execute(LISTEN)
+        self._ready.set()
+        return True
+
+    def _wake(self, key: str | None) -> None:
+        with self._lock:
+            self._subscribers.wake(key)
+
+    def _wanted(self) -> bool:
+        with self._lock:
+            return not self._subscribers.idle()
+
+    def _done(self, failure: BaseException | None, opened: bool) -> None:
+        with self._lock:
+            self._reader = None
+            self._ready.clear()
+            if failure is not None:
+                if opened:
+                    self._subscribers.session_failed(failure)
+                else:
+                    self._subscribers.opening_failed(failure)
+            self._subscribers.wake(None)  # claim again now: a wake-up may have been lost
+
+
+def _read(ref: weakref.ref[Listener], connect: Connect) -> None:
+    """A sync listener's reader: holds the listener only by a weak reference, so a listener
+    no driver object refers to any more is collected and its session closed."""
+    failure: BaseException | None = None
+    opened = False
+    conn: psycopg.Connection[Any] | None = None
+    try:
+        conn = connect()
+        listener = ref()
+        if listener is None or not listener._open(conn):
+            return
+        opened = True
+        del listener
+        while (listener := ref()) is not None and listener._wanted():
+            del listener
+            for note in conn.notifies(timeout=_READ_TICK):
+                if note.channel == CHANNEL and (listener := ref()) is not None:
+                    listener._wake(note.payload)
+                    del listener
+    except Exception as exc:
+        failure = exc
+    finally:
+        if conn is not None:
+            conn.close()
+        if (listener := ref()) is not None:
+            listener._done(failure, opened)
 
 
 class AsyncListener:
-    """The LISTEN session of an asyncio driver object; see :class:`Listener`."""
+    """The shared LISTEN session of asyncio driver objects for one place and event loop."""
 
-    def __init__(self, connect: AsyncConnect | None) -> None:
+    def __init__(self, connect: AsyncConnect, target: str, probe: bool) -> None:
         self._connect = connect
-        self._lock: asyncio.Lock | None = None
-        self._subscribers = _Subscribers()
-        self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._subscribers = _Subscribers(target, probe)
+        self._ready = asyncio.Event()
         self._reader: asyncio.Task[None] | None = None
-        self._closed = False
 
     async def subscribe(self, key: str) -> asyncio.Event:
         """See :meth:`Listener.subscribe`."""
         event = asyncio.Event()
         self._subscribers.add(key, event)
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        async with self._lock:
-            await self._ensure_open()
+        try:
+            if self._reader is None and self._subscribers.may_open():
+                self._ready.clear()
+                self._reader = asyncio.get_running_loop().create_task(
+                    _aread(weakref.ref(self), self._connect))
+            if self._reader is not None:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(LISTEN_WAIT):
+                        await self._ready.wait()
+        except BaseException:
+            self._subscribers.discard(key, event)
+            raise
         return event
 
     def unsubscribe(self, key: str, event: asyncio.Event) -> None:
         self._subscribers.discard(key, event)
 
-    async def _ensure_open(self) -> None:
-        if (self._connect is None or self._closed or self._conn is not None
-                or not self._subscribers.may_open()):
-            return
-        try:
-            conn = await self._connect()
-            try:
-                await conn.execute(LISTEN)
-            except BaseException:
-                await conn.close()
-                raise
-        except Exception as exc:
-            self._subscribers.opening_failed(exc)
-            return
-        self._conn = conn
-        self._reader = asyncio.get_running_loop().create_task(self._read(conn))
+    async def _open(self, conn: psycopg.AsyncConnection[Any]) -> bool:
+        rows: list[tuple[Any, ...]] = []
+        if self._subscribers.probe:
+            cur = conn.cursor(row_factory=tuple_row)
+            rows = await (await cur.execute(PROBE)).fetchall()
+        if not self._subscribers.own_session(rows, conn):
+            return False
+        await conn.execute(LISTEN)
+        self._ready.set()
+        return True
 
-    async def _read(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        try:
-            async for note in conn.notifies():
-                if note.channel == CHANNEL:
-                    self._subscribers.wake(note.payload)
-        except psycopg.Error as exc:
-            if not self._closed:
-                log.warning("replaysafe_pg: the LISTEN session failed (%s); opening another "
-                            "on the next wait", exc)
-        finally:
-            if self._conn is conn:
-                self._conn = None
-            self._subscribers.wake(None)
+    def _done(self, failure: BaseException | None, opened: bool) -> None:
+        self._reader = None
+        self._ready.clear()
+        if failure is not None:
+            if opened:
+                self._subscribers.session_failed(failure)
+            else:
+                self._subscribers.opening_failed(failure)
+        self._subscribers.wake(None)
+
+
+async def _aread(ref: weakref.ref[AsyncListener], connect: AsyncConnect) -> None:
+    """See :func:`_read`."""
+    failure: BaseException | None = None
+    opened = False
+    conn: psycopg.AsyncConnection[Any] | None = None
+    try:
+        conn = await connect()
+        listener = ref()
+        if listener is None or not await listener._open(conn):
+            return
+        opened = True
+        del listener
+        while (listener := ref()) is not None and not listener._subscribers.idle():
+            del listener
+            async for note in conn.notifies(timeout=_READ_TICK):
+                if note.channel == CHANNEL and (listener := ref()) is not None:
+                    listener._subscribers.wake(note.payload)
+                    del listener
+    except Exception as exc:
+        failure = exc
+    finally:
+        if conn is not None:
             await conn.close()
+        if (listener := ref()) is not None:
+            listener._done(failure, opened)
 
-    async def close(self) -> None:
-        self._closed = True
-        reader, self._reader = self._reader, None
-        if reader is not None and not reader.done():
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, psycopg.Error):
-                await reader
+
+# One listener per place (and event loop), shared by the driver objects that listen there.
+_SHARED: weakref.WeakValueDictionary[tuple[str, bool], Listener] = weakref.WeakValueDictionary()
+_SHARED_LOCK = threading.Lock()
+_ASYNC_SHARED: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, weakref.WeakValueDictionary[tuple[str, bool], AsyncListener]
+] = weakref.WeakKeyDictionary()
+
+
+def listener_for(target: str, connect: Connect, *, probe: bool) -> Listener:
+    """The process's listener for ``target`` (a conninfo), made on first use."""
+    with _SHARED_LOCK:
+        listener = _SHARED.get((target, probe))
+        if listener is None:
+            listener = _SHARED[(target, probe)] = Listener(connect, target, probe)
+        return listener
+
+
+def async_listener_for(target: str, connect: AsyncConnect, *, probe: bool) -> AsyncListener:
+    """The running event loop's listener for ``target``, made on first use."""
+    loop = asyncio.get_running_loop()
+    listeners = _ASYNC_SHARED.setdefault(loop, weakref.WeakValueDictionary())
+    listener = listeners.get((target, probe))
+    if listener is None:
+        listener = listeners[(target, probe)] = AsyncListener(connect, target, probe)
+    return listener
 
 
 class Subscription:
-    """One waiter's subscription to its key on a :class:`Listener` (one key at a time)."""
+    """One waiter's subscription to its key (one key at a time); ``listener`` None: the
+    driver object does not listen (the waiter only polls)."""
 
-    def __init__(self, listener: Listener) -> None:
+    def __init__(self, listener: Listener | None) -> None:
         self._listener = listener
         self._key: str | None = None
         self._event: threading.Event | None = None
 
     def subscribe(self, key: str) -> None:
         self.drop()
-        self._event = self._listener.subscribe(key)
-        self._key = key
+        if self._listener is not None:
+            self._event = self._listener.subscribe(key)
+            self._key = key
 
     def wait(self, seconds: float) -> None:
         """Until the key is notified, at most ``seconds``."""
         if self._event is not None:
             self._event.wait(seconds)
+        else:
+            time.sleep(seconds)
 
     def drop(self) -> None:
-        if self._key is not None and self._event is not None:
+        if self._listener is not None and self._key is not None and self._event is not None:
             self._listener.unsubscribe(self._key, self._event)
         self._key = self._event = None
 
@@ -234,23 +349,26 @@ class Subscription:
 class AsyncSubscription:
     """See :class:`Subscription`."""
 
-    def __init__(self, listener: AsyncListener) -> None:
+    def __init__(self, listener: AsyncListener | None) -> None:
         self._listener = listener
         self._key: str | None = None
         self._event: asyncio.Event | None = None
 
     async def subscribe(self, key: str) -> None:
         self.drop()
-        self._event = await self._listener.subscribe(key)
-        self._key = key
+        if self._listener is not None:
+            self._event = await self._listener.subscribe(key)
+            self._key = key
 
     async def wait(self, seconds: float) -> None:
-        if self._event is not None:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(seconds):
-                    await self._event.wait()
+        if self._event is None:
+            await asyncio.sleep(seconds)
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self._event.wait()
 
     def drop(self) -> None:
-        if self._key is not None and self._event is not None:
+        if self._listener is not None and self._key is not None and self._event is not None:
             self._listener.unsubscribe(self._key, self._event)
         self._key = self._event = None

@@ -9,13 +9,16 @@ that client's parameters (its attempt token included). A named statement is safe
 server session nobody else uses.
 
 So by default the driver names its statements only on a connection it has probed (once) to
-have a server session of its own (:data:`PROBE`); through a pooler it sends them unnamed
+have a server session of its own (:data:`replaysafe_pg._listen.PROBE`); through a pooler it sends them unnamed
 (parsed and bound in one exchange that a pooler never splits). Where it names them, the name
 is what the statement is: ``rs_`` and a digest of its text and parameter types, never a
-per-client number. A name that meets another statement's anyway (``prepare=True`` behind a
-pooler) is refused before anything runs: unknown on the server session (``26000``) or
-already there (``42P05``); the driver sends the statement again unnamed (nothing ran: that
-is safe) and every later one on that connection too.
+per-client number. Between clients of the driver a name then always means one statement.
+With ``prepare=True`` behind a pooler, a name can still be unknown on the server session it
+lands on (``26000``) or already there (``42P05``): refused before anything runs, the
+statement is sent again unnamed (nothing ran: that is safe), and every later one on that
+connection too. What ``prepare=True`` cannot survive there is a client that replaces a
+statement under the name on purpose (``DEALLOCATE``, then ``PREPARE`` of its own): it is
+for poolers that never share a server session while a client uses it.
 
 This names psycopg's statements through its prepared-statement manager (``conn._prepared``,
 not a public API): on a psycopg whose manager is not the one known here, on a connection
@@ -27,9 +30,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from typing import Any, LiteralString
+from typing import Any
 
 from psycopg import errors as pg_errors
+
+from replaysafe_pg._listen import own_session
 
 try:
     from psycopg._preparing import Prepare, PrepareManager
@@ -64,11 +69,7 @@ else:  # pragma: no cover
     _ByContent = None  # type: ignore[assignment, misc]
 
 
-# The probe of a connection (docs/deploying.md): the backend pid the server reports now
-# against the one the connection was opened with (libpq's BackendKeyData). A pooler makes
-# up the latter (it answers the startup before it lends a server connection), so they are
-# equal only on a server session of the connection's own.
-PROBE: LiteralString = "SELECT pg_catalog.pg_backend_pid()"
+# Whether a connection's server session is its own: see replaysafe_pg._listen.own_session.
 _OWN_SESSION = "_replaysafe_own_session"
 
 
@@ -78,11 +79,37 @@ def unprobed(conn: Any, prepare: bool | None) -> bool:
 
 
 def probed(conn: Any, rows: list[tuple[Any, ...]]) -> None:
-    own = bool(rows) and rows[0][0] == conn.info.backend_pid
+    own = own_session(rows, conn)
     conn.__dict__[_OWN_SESSION] = own
     if not own:
         log.info("replaysafe_pg: this connection goes through a pooler (its server session is "
                  "not its own); the driver's statements on it are sent unnamed")
+
+
+def _may_name(conn: Any, prepare: bool | None) -> bool:
+    if prepare is False or conn.__dict__.get(_UNNAMED) or _ByContent is None:
+        return False
+    return prepare is True or bool(conn.__dict__.get(_OWN_SESSION))
+
+
+def adoptable(conn: Any, prepare: bool | None) -> bool:
+    """Should ``conn``'s prepared-statement manager become one that names by content (call
+    :func:`adopt` holding the connection's lock)? Only a manager of psycopg's that holds no
+    prepared statement yet and may prepare at all."""
+    if not _may_name(conn, prepare):
+        return False
+    manager = getattr(conn, "_prepared", None)
+    return (type(manager) is PrepareManager and not manager._names
+            and manager.prepare_threshold is not None)
+
+
+def adopt(conn: Any) -> None:
+    manager = conn._prepared
+    if type(manager) is PrepareManager and not manager._names:
+        named = _ByContent()
+        named.prepare_threshold = manager.prepare_threshold
+        named.prepared_max = manager.prepared_max
+        conn._prepared = named
 
 
 def mode(conn: Any, prepare: bool | None) -> bool | None:
@@ -90,20 +117,9 @@ def mode(conn: Any, prepare: bool | None) -> bool | None:
     prepared statement named by its content; psycopg's threshold decides when) or False
     (unnamed). ``prepare``: None, named only on a connection probed to have a server session
     of its own; True, named wherever psycopg's manager allows; False, never."""
-    if prepare is False or conn.__dict__.get(_UNNAMED) or _ByContent is None:
-        return False
-    if prepare is None and not conn.__dict__.get(_OWN_SESSION):
-        return False
-    manager = getattr(conn, "_prepared", None)
-    if type(manager) is _ByContent:
+    if _may_name(conn, prepare) and type(getattr(conn, "_prepared", None)) is _ByContent:
         return None
-    if type(manager) is not PrepareManager or manager._names or manager.prepare_threshold is None:
-        return False
-    named = _ByContent()
-    named.prepare_threshold = manager.prepare_threshold
-    named.prepared_max = manager.prepared_max
-    conn._prepared = named
-    return None
+    return False
 
 
 def pooler_seen(conn: Any, exc: BaseException) -> None:

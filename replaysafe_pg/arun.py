@@ -104,7 +104,7 @@ class Runner:
 
     async def _wait(self, plan: Plan, claim: Claim) -> Claim:
         deadline = time.monotonic() + plan.wait_timeout
-        subscription = AsyncSubscription(self._source.listener)
+        subscription = AsyncSubscription(await self._source.listener())
         try:
             return await drive(runner.wait(plan, claim, deadline, self._source.can_reconnect),
                                lambda effect: self._perform(effect, subscription))
@@ -115,6 +115,9 @@ class Runner:
                        subscription: AsyncSubscription | None = None) -> Any:
         match effect:
             case runner.Send(statement, alone):
+                if subscription is not None:  # a waiter's claim
+                    return statement.decode(await self._source.execute_aside(
+                        statement.query, statement.params, alone=alone))
                 return await self._send(statement, alone)
             case runner.Listen(key):
                 assert subscription is not None

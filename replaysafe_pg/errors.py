@@ -102,12 +102,10 @@ class DatabaseUnavailable(ReplaysafeError):
     """
 
 
-class ConnectionRefused(DatabaseUnavailable):
-    """The database, or a pooler in front of it, refused for a reason no retry can fix: a
-    login, password or database it does not know, a startup parameter it does not take
-    (PgBouncer and ``options``), or, inside the caller's transaction, a prepared statement
-    it lost or holds under that name (``prepare=True`` behind a transaction pooler). Never
-    retried."""
+class LoginRefused(DatabaseUnavailable):
+    """The database, or a pooler in front of it, refused the connection for a reason no
+    retry can fix: a login, password or database it does not know, a startup parameter it
+    does not take (PgBouncer and ``options``). Never retried by ``run``'s claim."""
 
 
 class SchemaNotInstalled(ReplaysafeError):
@@ -140,9 +138,9 @@ _LOST_PREPARED = ("42P05", "26000")
 # What a server or pooler says when it refuses a connection for good (libpq gives these no
 # SQLSTATE): retrying cannot help.
 _REFUSED_FOR_GOOD = re.compile(
-    r"authentication failed|no pg_hba\.conf entry"
+    r"(password|\"trust\"|peer|ident|certificate) authentication failed|no pg_hba\.conf entry"
     r"|role \".*\" does not exist|database \".*\" does not exist|no such user|no such database"
-    r"|unsupported startup parameter|unsupported pkt type")
+    r"|unsupported startup parameter|unsupported pkt type", re.IGNORECASE)
 
 
 def translate(exc: psycopg.Error) -> ReplaysafeError | None:
@@ -163,7 +161,7 @@ def translate(exc: psycopg.Error) -> ReplaysafeError | None:
     if state == "42501":  # insufficient_privilege: row-level security or missing grants
         return AccessDenied(f"access denied: {message}")
     if state in _LOST_PREPARED:
-        return ConnectionRefused(
+        return DatabaseUnavailable(
             f"{message}: named prepared statements do not survive a transaction pooler "
             "(PgBouncer's pool_mode = transaction, a managed pooler): leave the driver "
             "object's prepare=None (the default) or make it prepare=False, docs/deploying.md")
@@ -194,7 +192,7 @@ class wrap_errors:  # used as ``with wrap_errors():``, like the function it was
             raise domain from exc
         if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
             if exc.sqlstate is None and _REFUSED_FOR_GOOD.search(str(exc)):
-                raise ConnectionRefused(f"connection refused: {_first_line(exc)}") from exc
+                raise LoginRefused(f"login refused: {_first_line(exc)}") from exc
             raise unavailable(exc) from exc
 
 

@@ -108,7 +108,7 @@ class Runner:
 
     def _wait(self, plan: Plan, claim: Claim) -> Claim:
         deadline = time.monotonic() + plan.wait_timeout
-        subscription = Subscription(self._source.listener)
+        subscription = Subscription(self._source.listener())
         try:
             return drive(runner.wait(plan, claim, deadline, self._source.can_reconnect),
                          lambda effect: self._perform(effect, subscription))
@@ -118,6 +118,9 @@ class Runner:
     def _perform(self, effect: runner.Effect, subscription: Subscription | None = None) -> Any:
         match effect:
             case runner.Send(statement, alone):
+                if subscription is not None:  # a waiter's claim
+                    return statement.decode(self._source.execute_aside(
+                        statement.query, statement.params, alone=alone))
                 return self._send(statement, alone)
             case runner.Listen(key):
                 assert subscription is not None

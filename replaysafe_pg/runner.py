@@ -34,9 +34,9 @@ from replaysafe_pg import _args, _json
 from replaysafe_pg._listen import POLL_INTERVAL
 from replaysafe_pg.calls import Calls, Encoded, Lease, Statement
 from replaysafe_pg.errors import (
-    ConnectionRefused,
     DatabaseUnavailable,
     InvalidArgument,
+    LoginRefused,
     OutcomeNotRecorded,
     UnstorableResult,
     unavailable,
@@ -74,6 +74,8 @@ RETRY_MAX_DELAY = 1.0
 # A waiter claims again at the lease's end; if the lease looks over but the owner's claim
 # still answers "running" (clock skew), it backs off from this, doubling up to a second.
 MIN_RECLAIM_WAIT = 0.05
+# A waiter claims again at most this often (seconds), however many wake-ups arrive.
+MIN_CLAIM_GAP = 0.1
 
 
 # --- the plan ----------------------------------------------------------------------------
@@ -465,7 +467,7 @@ def claim_within_lease(statement: Statement[T], lease_seconds: float,
 
 def _retryable(exc: BaseException, can_reconnect: bool) -> bool:
     """May a statement that failed on ``exc`` be sent again on a fresh connection?"""
-    return can_reconnect and not isinstance(exc, ConnectionRefused)
+    return can_reconnect and not isinstance(exc, LoginRefused)
 
 
 def as_unavailable(exc: BaseException) -> BaseException:
@@ -481,9 +483,14 @@ def wait(plan: Plan, claim: Claim, deadline: float, can_reconnect: bool) -> Step
     (backing off) until ``deadline``."""
     clock = WaitClock()
     backoff = Backoff(deadline)
+    claimed_at = time.monotonic()
     while True:
         try:
             yield Listen(claim.idempotency_key)
+            # Wake-ups are anyone's NOTIFY: however many arrive, claim at most this often.
+            if (gap := MIN_CLAIM_GAP - (time.monotonic() - claimed_at)) > 0:
+                yield Sleep(gap)
+            claimed_at = time.monotonic()
             claim = yield Send(plan.claim, alone=True)
             backoff = Backoff(deadline)
             remaining = deadline - time.monotonic()
@@ -580,8 +587,6 @@ def record(calls: Calls, report: Report, pending: Execution, ticket: Ticket,
                 attempts = yield Send(calls.attempts(pending.action_key))
             except RETRY_ERRORS as exc:
                 last = exc
-                if isinstance(exc, ConnectionRefused):
-                    break
                 continue
             if report.landed(attempts, pending.attempt):
                 return ReportOutcome.RECORDED
@@ -591,8 +596,6 @@ def record(calls: Calls, report: Report, pending: Execution, ticket: Ticket,
             return outcome
         except RETRY_ERRORS as exc:
             last = exc
-            if isinstance(exc, ConnectionRefused):
-                break
             log.warning("recording the outcome of action %r (attempt %d) failed, retrying on a "
                         "fresh connection: %s", pending.action_key, pending.attempt, exc)
     raise not_recorded(pending, last) from last

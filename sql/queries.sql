@@ -1,5 +1,5 @@
 -- Every statement the Python driver sends, one per "-- name: ... --" marker (but for the
--- LISTEN of replaysafe_pg/_listen.py and the probe of replaysafe_pg/_prepared.py).
+-- LISTEN and the probe of replaysafe_pg/_listen.py).
 -- Each is one round trip: a bare call of a replaysafe function with named arguments.
 -- Every name in them (type, function, operator) is qualified, so that none resolves through
 -- the caller's search_path (tests/unit/test_qualified_statements.py).

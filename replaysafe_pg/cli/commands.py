@@ -463,7 +463,7 @@ def doctor(ctx: click.Context, conn: psycopg.Connection[Any]) -> None:
             checks.append({"check": f"row-level security on {table['table_name']}",
                            "ok": table["rls_enabled"],
                            "detail": "enabled" if table["rls_enabled"] else "DISABLED"})
-        advice = _timeout_advice(_rows(conn, "worker_timeouts"))
+        advice = _timeout_advice(_rows(conn, "worker_settings"))
         assert scope is not None
         if scope["reads_actions"]:
             counts = {r["state"]: r["actions"] for r in _rows(conn, "counts_by_state")}
@@ -490,19 +490,34 @@ def doctor(ctx: click.Context, conn: psycopg.Connection[Any]) -> None:
         ctx.exit(EXIT_ATTENTION)
 
 
-# What doctor recommends a worker login sets (docs/deploying.md#timeouts).
-WORKER_TIMEOUTS = ("idle_in_transaction_session_timeout", "statement_timeout")
+# What doctor recommends a worker login sets, and to what (docs/deploying.md#timeouts).
+WORKER_TIMEOUTS = {"idle_in_transaction_session_timeout": "30s", "statement_timeout": "30s"}
+# Role defaults that weaken the ledger: an acknowledged claim lost in a crash runs the tool
+# again; a read-only default refuses every write.
+WORKER_HAZARDS = {"synchronous_commit": ("off", "local"), "default_transaction_read_only": ("on",)}
 
 
-def _timeout_advice(logins: list[dict[str, Any]]) -> list[str]:
-    """Advice, not failures: the worker logins that leave a recommended timeout unset."""
+def _timeout_advice(rows: list[dict[str, Any]]) -> list[str]:
+    """Advice, not failures: for each worker login, the settings its sessions here get (the
+    most specific level wins) that leave a recommended timeout unset or weaken the ledger."""
+    effective: dict[str, dict[str, str]] = {}
+    for row in sorted(rows, key=lambda r: -r["level"]):
+        values = effective.setdefault(row["role"], {})
+        for setting in row["settings"] or []:
+            name, _, value = setting.partition("=")
+            values[name] = value
     advice = []
-    for login in logins:
-        settings = dict(s.split("=", 1) for s in login["settings"].split() if "=" in s)
-        unset = [t for t in WORKER_TIMEOUTS if settings.get(t, "0") in ("0", "")]
+    for role, values in effective.items():
+        quoted = '"' + role.replace('"', '""') + '"'
+        unset = [t for t in WORKER_TIMEOUTS if values.get(t, "0") in ("0", "")]
         if unset:
-            advice.append(f"worker login {login['role']} sets no {' and no '.join(unset)}: "
-                          f"ALTER ROLE {login['role']} SET {unset[0]} = '30s' (docs/deploying.md)")
+            advice.append(f"worker login {role} sets no {' and no '.join(unset)}: " + "; ".join(
+                f"ALTER ROLE {quoted} SET {t} = '{WORKER_TIMEOUTS[t]}'" for t in unset)
+                + " (docs/deploying.md)")
+        for name, bad in WORKER_HAZARDS.items():
+            if values.get(name, "").lower() in bad:
+                advice.append(f"worker login {role} runs with {name} = {values[name]}: "
+                              f"ALTER ROLE {quoted} RESET {name} (docs/deploying.md)")
     return advice
 
 

@@ -17,12 +17,31 @@ def test_doctor_advises_timeouts_for_worker_logins(dsn: str, make_role: Callable
         c.execute(f'ALTER ROLE "{tuned}" SET statement_timeout = \'5s\'')
         c.execute(f'ALTER ROLE "{half}" SET statement_timeout = \'5s\'')
         c.execute(f'ALTER ROLE "{half}" SET idle_in_transaction_session_timeout = 0')
+        c.execute(f'ALTER ROLE "{tuned}" SET synchronous_commit = off')
+        # Everyone's default here loses to the role's own.
+        c.execute("SELECT current_database()")
     report = run_json("doctor", dsn=dsn)
     advice = "\n".join(report["advice"])
     assert f"worker login {bare} sets no idle_in_transaction_session_timeout and no " \
            "statement_timeout" in advice
     assert f"worker login {half} sets no idle_in_transaction_session_timeout:" in advice
-    assert tuned not in advice
+    assert f"worker login {tuned} runs with synchronous_commit = off" in advice
+    assert f"worker login {tuned} sets no" not in advice
     assert report["ok"], "advice is not a failure"
     out = run("doctor", dsn=dsn).output
     assert f"note  worker login {bare} sets no" in out
+
+
+def test_a_login_setting_here_wins_over_its_setting_everywhere(
+        dsn: str, make_role: Callable[..., str]) -> None:
+    login = make_role("replaysafe_worker")
+    with psycopg.connect(dsn, autocommit=True) as c:
+        db = c.execute("SELECT current_database()").fetchone()[0]  # type: ignore[index]
+        c.execute(f'ALTER ROLE "{login}" SET statement_timeout = \'5s\'')
+        c.execute(f'ALTER ROLE "{login}" SET idle_in_transaction_session_timeout = \'5s\'')
+        c.execute(f'ALTER ROLE "{login}" IN DATABASE "{db}" SET statement_timeout = 0')
+        # A setting's text cannot pass for another setting.
+        c.execute(f'ALTER ROLE "{login}" SET application_name = '
+                  "'x statement_timeout=5s'")
+    advice = "\n".join(run_json("doctor", dsn=dsn)["advice"])
+    assert f"worker login {login} sets no statement_timeout:" in advice

@@ -90,7 +90,7 @@ def test_shared_non_autocommit_connection_across_threads_loses_nothing(dsn: str)
 def test_long_tasks_get_a_connection_of_their_own(dsn: str, autocommit: bool) -> None:
     with psycopg.connect(dsn, autocommit=autocommit) as conn:
         source = SyncSource(conn)
-        with source.connect() as other, source._listen_connection() as listening:
+        with source.connect() as other, psycopg.connect(source._place(), autocommit=True) as listening:
             for own in (other, listening):
                 assert own is not conn
                 assert own.autocommit

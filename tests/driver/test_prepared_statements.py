@@ -8,7 +8,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from replaysafe_pg import ConnectionRefused, Ledger
+from replaysafe_pg import DatabaseUnavailable, Ledger
 
 
 def _names(conn: psycopg.Connection[Any]) -> set[str]:
@@ -95,6 +95,6 @@ def test_inside_the_callers_transaction_the_refusal_is_raised(dsn: str) -> None:
         conn.execute(f"DEALLOCATE {name}")
         conn.commit()
         with conn.transaction():
-            with pytest.raises(ConnectionRefused, match="prepare=False"):
+            with pytest.raises(DatabaseUnavailable, match="transaction pooler"):
                 ledger.get("k0")
             raise psycopg.Rollback

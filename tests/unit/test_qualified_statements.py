@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from helpers.qualified import unqualified
 
-from replaysafe_pg import _listen, _prepared, queries, schema
+from replaysafe_pg import _listen, queries, schema
 
 
 def _sent() -> dict[str, str]:
@@ -24,7 +24,7 @@ def _sent() -> dict[str, str]:
                      "CITUS_VERSION_SQL"):
         sent[f"schema.{constant}"] = getattr(schema, constant)
     sent["_listen.LISTEN"] = _listen.LISTEN
-    sent["_prepared.PROBE"] = _prepared.PROBE
+    sent["_listen.PROBE"] = _listen.PROBE
     return sent
 
 
