@@ -20,6 +20,7 @@ import inspect
 import logging
 import select
 import threading
+import weakref
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, LiteralString, TypeAlias, TypeVar
 
@@ -308,10 +309,11 @@ def _bound_backlog(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any])
     received while the driver used it."""
     backlog = getattr(conn, "_notifies_backlog", None)
     if backlog and len(backlog) > NOTIFY_BACKLOG_LIMIT:
-        log.warning("replaysafe_pg: dropping %d notifications nobody read on a connection the "
-                    "driver used (a pooler's server session that someone LISTENs on?)",
-                    len(backlog))
-        backlog.clear()
+        log.warning("replaysafe_pg: dropping the %d oldest notifications nobody read on a "
+                    "connection the driver used (a pooler's server session that someone "
+                    "LISTENs on?)", len(backlog) - NOTIFY_BACKLOG_LIMIT)
+        while len(backlog) > NOTIFY_BACKLOG_LIMIT:
+            backlog.popleft()
 
 
 def _connect_to(conninfo: str) -> psycopg.Connection[Any]:
@@ -395,7 +397,8 @@ class SyncSource:
             if self.dsn is not None:
                 return _deaf(psycopg.connect(self.dsn, autocommit=True))
             assert self._given is not None
-            return _deaf(psycopg.connect(_full_conninfo(self._given), autocommit=True))
+            return _deaf(psycopg.connect(connectable(_full_conninfo(self._given)),
+                                         autocommit=True))
 
     def listener(self) -> _listen.Listener | None:
         """The LISTEN session the waiters of this source share (None: it does not listen):
@@ -404,13 +407,17 @@ class SyncSource:
             return None
         if self._listener is None:
             target = self._listen_at or self._place()
-            self._listener = _listen.listener_for(
-                target, functools.partial(_connect_to, target),
-                probe=self._listen_at is None)
+            connect: _listen.Connect = (
+                functools.partial(_connect_to, target) if self._pool is None
+                else lambda: _connect_to(self._place()))  # a pool's credentials may rotate
+            self._listener = _listen.listener_for(target, connect,
+                                                  probe=self._listen_at is None)
         return self._listener
 
     def _place(self) -> str:
         """Where this source's connections go, as a conninfo (a pool's outside the pool)."""
+        if self._listen_at is not None:
+            return self._listen_at
         if self.dsn is not None:
             return self.dsn
         if self._pool is not None:
@@ -488,6 +495,7 @@ class SyncSource:
         return self.execute(query, params, alone=alone)
 
     def close(self) -> None:
+        self._listener = None  # the session closes with its last driver object
         with self._lock:
             if self._own is not None:
                 self._own.close()
@@ -508,6 +516,9 @@ class AsyncSource:
         self.prepare = _prepare_flag(prepare)
         self._listen_at = _listen_target(listen)
         self._listens = listen is not False
+        # The listener of the event loop it was last asked in (a loop has one of its own).
+        self._listener: tuple[weakref.ref[asyncio.AbstractEventLoop],
+                              _listen.AsyncListener] | None = None
         self._own: psycopg.AsyncConnection[Any] | None = None
         self._lock: asyncio.Lock | None = None
         self._given_lock: asyncio.Lock | None = None
@@ -523,8 +534,8 @@ class AsyncSource:
             if self.dsn is not None:
                 return _deaf(await psycopg.AsyncConnection.connect(self.dsn, autocommit=True))
             assert self._given is not None
-            return _deaf(await psycopg.AsyncConnection.connect(_full_conninfo(self._given),
-                                                               autocommit=True))
+            return _deaf(await psycopg.AsyncConnection.connect(
+                connectable(_full_conninfo(self._given)), autocommit=True))
 
     @property
     def pooled(self) -> bool:
@@ -534,18 +545,31 @@ class AsyncSource:
         """See :meth:`SyncSource.listener`; the running event loop's."""
         if not self._listens:
             return None
+        loop = asyncio.get_running_loop()
+        if self._listener is not None and self._listener[0]() is loop:
+            return self._listener[1]
+        target = await self._place()
+        connect: _listen.AsyncConnect = (
+            functools.partial(_aconnect_to, target) if self._pool is None
+            else self._connect_to_place)  # a pool's credentials may rotate
+        listener = _listen.async_listener_for(target, connect, probe=self._listen_at is None)
+        self._listener = (weakref.ref(loop), listener)
+        return listener
+
+    async def _place(self) -> str:
+        """See :meth:`SyncSource._place`."""
         if self._listen_at is not None:
-            target = self._listen_at
-        elif self.dsn is not None:
-            target = self.dsn
-        elif self._pool is not None:
-            target = _pool_place(await _awaited(_called(self._pool.conninfo)),
-                                 await _awaited(_called(self._pool.kwargs)))
-        else:
-            assert self._given is not None
-            target = connectable(_full_conninfo(self._given))
-        return _listen.async_listener_for(target, functools.partial(_aconnect_to, target),
-                                          probe=self._listen_at is None)
+            return self._listen_at
+        if self.dsn is not None:
+            return self.dsn
+        if self._pool is not None:
+            return _pool_place(await _awaited(_called(self._pool.conninfo)),
+                               await _awaited(_called(self._pool.kwargs)))
+        assert self._given is not None
+        return connectable(_full_conninfo(self._given))
+
+    async def _connect_to_place(self) -> psycopg.AsyncConnection[Any]:
+        return await _aconnect_to(await self._place())
 
     @contextlib.asynccontextmanager
     async def dedicated(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
@@ -640,6 +664,7 @@ class AsyncSource:
         return await self.execute(query, params, alone=alone)
 
     async def close(self) -> None:
+        self._listener = None
         if self._own is not None:
             await self._own.close()
             self._own = None

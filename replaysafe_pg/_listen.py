@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import threading
 import time
 import weakref
@@ -128,25 +129,38 @@ class Listener:
 
     def __init__(self, connect: Connect, target: str, probe: bool) -> None:
         self._connect = connect
-        self._lock = threading.Lock()
         self._subscribers = _Subscribers(target, probe)
+        self._after_fork()
+        _EVERY.add(self)
+
+    def _after_fork(self) -> None:
+        """No reader (a forked child has none), a new lock and readiness."""
+        self._lock = threading.Lock()
         self._ready = threading.Event()
         self._reader: threading.Thread | None = None
 
     def subscribe(self, key: str) -> threading.Event:
         """An event set when ``key`` is notified (or the session failed)."""
         event = threading.Event()
-        with self._lock:
-            self._subscribers.add(key, event)
-            reader = self._reader
-            if reader is None and self._subscribers.may_open():
-                self._ready.clear()
-                reader = self._reader = threading.Thread(
-                    target=_read, args=(weakref.ref(self), self._connect), daemon=True,
-                    name="replaysafe-listen")
-                reader.start()
-        if reader is not None:
-            self._ready.wait(LISTEN_WAIT)
+        try:
+            with self._lock:
+                self._subscribers.add(key, event)
+                reader = self._reader
+                if reader is not None and not reader.is_alive():
+                    reader = self._reader = None
+                    self._ready.clear()
+                if reader is None and self._subscribers.may_open():
+                    self._ready.clear()
+                    reader = threading.Thread(
+                        target=_read, args=(weakref.ref(self), self._connect), daemon=True,
+                        name="replaysafe-listen")
+                    reader.start()
+                    self._reader = reader
+            if reader is not None:
+                self._ready.wait(LISTEN_WAIT)
+        except BaseException:
+            self.unsubscribe(key, event)
+            raise
         return event
 
     def unsubscribe(self, key: str, event: threading.Event) -> None:
@@ -161,7 +175,11 @@ class Listener:
             if not self._subscribers.own_session(rows, conn):
                 return False
         conn.execute(LISTEN)
-        self._ready.set()
+        with self._lock:
+            self._ready.set()
+            # Who subscribed before the LISTEN (a subscriber waits only LISTEN_WAIT for it)
+            # may have missed a NOTIFY: claim once more.
+            self._subscribers.wake(None)
         return True
 
     def _wake(self, key: str | None) -> None:
@@ -226,6 +244,9 @@ class AsyncListener:
         event = asyncio.Event()
         self._subscribers.add(key, event)
         try:
+            if self._reader is not None and self._reader.done():
+                self._reader = None
+                self._ready.clear()
             if self._reader is None and self._subscribers.may_open():
                 self._ready.clear()
                 self._reader = asyncio.get_running_loop().create_task(
@@ -251,6 +272,7 @@ class AsyncListener:
             return False
         await conn.execute(LISTEN)
         self._ready.set()
+        self._subscribers.wake(None)  # see Listener._open
         return True
 
     def _done(self, failure: BaseException | None, opened: bool) -> None:
@@ -294,6 +316,18 @@ async def _aread(ref: weakref.ref[AsyncListener], connect: AsyncConnect) -> None
 # One listener per place (and event loop), shared by the driver objects that listen there.
 _SHARED: weakref.WeakValueDictionary[tuple[str, bool], Listener] = weakref.WeakValueDictionary()
 _SHARED_LOCK = threading.Lock()
+_EVERY: weakref.WeakSet[Listener] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child inherits the listeners but not their readers (nor a lock's owner)."""
+    global _SHARED_LOCK
+    _SHARED_LOCK = threading.Lock()
+    for listener in list(_EVERY):
+        listener._after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 _ASYNC_SHARED: weakref.WeakKeyDictionary[
     asyncio.AbstractEventLoop, weakref.WeakValueDictionary[tuple[str, bool], AsyncListener]
 ] = weakref.WeakKeyDictionary()

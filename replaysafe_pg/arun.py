@@ -90,14 +90,15 @@ class Runner:
             return runner.traced(span, await self._resolve(plan, claim))
 
     async def _resolve(self, plan: Plan, claim: Claim) -> Execution:
+        aside = False  # as the sync Runner: a waiter's claim is recorded beside the caller's
         if claim.outcome is ClaimOutcome.RUNNING and plan.wait_timeout > 0:
-            claim = await self._wait(plan, claim)
+            claim, aside = await self._wait(plan, claim), True
         if claim.outcome is ClaimOutcome.CLAIMED:
             ticket = runner.heartbeat_ticket(self._calls, plan, claim)
             self._heartbeats.start(ticket)
             try:
                 return await drive(runner.execute(self._calls, plan, claim, ticket),
-                                   self._perform)
+                                   lambda effect: self._perform(effect, aside=aside))
             finally:
                 self._heartbeats.stop(ticket)
         return runner.answered(plan, claim)
@@ -107,15 +108,16 @@ class Runner:
         subscription = AsyncSubscription(await self._source.listener())
         try:
             return await drive(runner.wait(plan, claim, deadline, self._source.can_reconnect),
-                               lambda effect: self._perform(effect, subscription))
+                               lambda effect: self._perform(effect, subscription, aside=True))
         finally:
             subscription.drop()
 
     async def _perform(self, effect: runner.Effect,
-                       subscription: AsyncSubscription | None = None) -> Any:
+                       subscription: AsyncSubscription | None = None, *,
+                       aside: bool = False) -> Any:
         match effect:
             case runner.Send(statement, alone):
-                if subscription is not None:  # a waiter's claim
+                if aside:  # see Runner._perform of replaysafe_pg.run
                     return statement.decode(await self._source.execute_aside(
                         statement.query, statement.params, alone=alone))
                 return await self._send(statement, alone)
@@ -135,7 +137,8 @@ class Runner:
             case runner.Record(report, pending, ticket):
                 steps = runner.record(self._calls, report, pending, ticket,
                                       self._source.can_reconnect)
-                return await asyncio.shield(drive(steps, self._perform))
+                return await asyncio.shield(
+                    drive(steps, lambda effect: self._perform(effect, aside=aside)))
         raise AssertionError(effect)
 
 

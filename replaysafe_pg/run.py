@@ -95,13 +95,17 @@ class Runner:
             return runner.traced(span, self._resolve(plan, claim))
 
     def _resolve(self, plan: Plan, claim: Claim) -> Execution:
+        # A claim a waiter took beside a caller's connection is recorded there too: the
+        # caller's connection may be inside a transaction of its own by now.
+        aside = False
         if claim.outcome is ClaimOutcome.RUNNING and plan.wait_timeout > 0:
-            claim = self._wait(plan, claim)
+            claim, aside = self._wait(plan, claim), True
         if claim.outcome is ClaimOutcome.CLAIMED:
             ticket = runner.heartbeat_ticket(self._calls, plan, claim)
             self._heartbeats.start(ticket)
             try:
-                return drive(runner.execute(self._calls, plan, claim, ticket), self._perform)
+                return drive(runner.execute(self._calls, plan, claim, ticket),
+                             lambda effect: self._perform(effect, aside=aside))
             finally:
                 self._heartbeats.stop(ticket)
         return runner.answered(plan, claim)
@@ -111,14 +115,16 @@ class Runner:
         subscription = Subscription(self._source.listener())
         try:
             return drive(runner.wait(plan, claim, deadline, self._source.can_reconnect),
-                         lambda effect: self._perform(effect, subscription))
+                         lambda effect: self._perform(effect, subscription, aside=True))
         finally:
             subscription.drop()
 
-    def _perform(self, effect: runner.Effect, subscription: Subscription | None = None) -> Any:
+    def _perform(self, effect: runner.Effect, subscription: Subscription | None = None, *,
+                 aside: bool = False) -> Any:
+        """``aside``: a waiter's statements (beside a caller's connection)."""
         match effect:
             case runner.Send(statement, alone):
-                if subscription is not None:  # a waiter's claim
+                if aside:
                     return statement.decode(self._source.execute_aside(
                         statement.query, statement.params, alone=alone))
                 return self._send(statement, alone)
@@ -137,7 +143,8 @@ class Runner:
                 return _call(plan, kwargs)
             case runner.Record(report, pending, ticket):
                 return drive(runner.record(self._calls, report, pending, ticket,
-                                           self._source.can_reconnect), self._perform)
+                                           self._source.can_reconnect),
+                             lambda effect: self._perform(effect, aside=aside))
         raise AssertionError(effect)
 
 

@@ -494,7 +494,9 @@ def doctor(ctx: click.Context, conn: psycopg.Connection[Any]) -> None:
 WORKER_TIMEOUTS = {"idle_in_transaction_session_timeout": "30s", "statement_timeout": "30s"}
 # Role defaults that weaken the ledger: an acknowledged claim lost in a crash runs the tool
 # again; a read-only default refuses every write.
-WORKER_HAZARDS = {"synchronous_commit": ("off", "local"), "default_transaction_read_only": ("on",)}
+WORKER_HAZARDS = {"synchronous_commit": ("off",), "default_transaction_read_only": ("on", "true")}
+# A duration setting that is zero: the timeout is off ('0', '0s', '0ms', ...).
+_ZERO = re.compile(r"^\s*0+(\.0*)?\s*(us|ms|s|min|h|d)?\s*$")
 
 
 def _timeout_advice(rows: list[dict[str, Any]]) -> list[str]:
@@ -509,7 +511,7 @@ def _timeout_advice(rows: list[dict[str, Any]]) -> list[str]:
     advice = []
     for role, values in effective.items():
         quoted = '"' + role.replace('"', '""') + '"'
-        unset = [t for t in WORKER_TIMEOUTS if values.get(t, "0") in ("0", "")]
+        unset = [t for t in WORKER_TIMEOUTS if _ZERO.match(values.get(t, "0") or "0")]
         if unset:
             advice.append(f"worker login {role} sets no {' and no '.join(unset)}: " + "; ".join(
                 f"ALTER ROLE {quoted} SET {t} = '{WORKER_TIMEOUTS[t]}'" for t in unset)

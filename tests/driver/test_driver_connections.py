@@ -311,3 +311,31 @@ def test_a_connection_broken_inside_a_pipeline_raises_database_unavailable(dsn: 
         assert conn.broken or conn.closed
         with pytest.raises(DatabaseUnavailable):
             led.get("k")
+
+
+def test_the_drivers_own_connections_keep_no_notifications(dsn: str) -> None:
+    with Ledger(dsn, tenant_id="t1") as ledger:
+        ledger.get("k")
+        own = ledger._source._own
+        assert own is not None
+        own.execute("LISTEN somewhere")
+        with psycopg.connect(dsn, autocommit=True) as other:
+            for i in range(50):
+                other.execute("SELECT pg_notify('somewhere', %s)", (str(i),))
+        ledger.get("k")
+        assert not own._notifies_backlog
+
+
+def test_a_given_connection_keeps_at_most_a_thousand_notifications_the_driver_saw(
+        dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("LISTEN mine")
+        ledger = Ledger(conn, tenant_id="t1")
+        with psycopg.connect(dsn, autocommit=True) as other:
+            for i in range(1500):
+                other.execute("SELECT pg_notify('mine', %s)", (str(i),))
+        ledger.get("k")
+        ledger.get("k")
+        backlog = conn._notifies_backlog
+        assert backlog is not None and len(backlog) == 1000
+        assert backlog[-1].payload == "1499", "the newest are kept"

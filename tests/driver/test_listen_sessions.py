@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from replaysafe_pg import AsyncLedger, Ledger, _listen
+from replaysafe_pg import AsyncLedger, Ledger, _conn, _listen
 
 
 def _listen_sessions(dsn: str) -> int:
@@ -56,7 +56,7 @@ def test_the_waiters_of_many_ledgers_share_one_session(dsn: str) -> None:
         led.run("op", lambda: None, {}, key="busy", wait_timeout=10).attempt)) for led in ledgers]
     for t in waiting:
         t.start()
-    time.sleep(0.5)
+    assert _until(lambda: _listen_sessions(dsn) >= 1)
     assert _listen_sessions(dsn) == 1
     for t in waiting:
         t.join()
@@ -100,7 +100,10 @@ def test_a_waiter_on_a_given_connection_claims_beside_it(dsn: str) -> None:
         waiter = threading.Thread(target=lambda: out.append(
             ledger.run("op", lambda: None, {}, key="busy", wait_timeout=10)))
         waiter.start()
-        time.sleep(0.5)  # the waiter's first claim (on the given connection) is answered
+        # The waiter's first claim (on the given connection) is answered: it subscribed.
+        listener = ledger._source.listener()
+        assert listener is not None
+        assert _until(lambda: bool(listener._subscribers.by_key))
         with conn.transaction():
             conn.execute("SELECT 1")
             holder.complete(claim, {"done": True})
@@ -127,3 +130,88 @@ def test_an_async_ledger_waits_in_one_event_loop_after_another(dsn: str) -> None
     asyncio.run(close())
     gc.collect()
     assert _until(lambda: _listen_sessions(dsn) == 0)
+
+
+def test_an_async_ledgers_waits_in_one_loop_share_its_session(
+        dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    opened: list[str] = []
+    real = _conn._aconnect_to
+
+    async def counting(conninfo: str) -> Any:
+        opened.append(conninfo)
+        return await real(conninfo)
+
+    monkeypatch.setattr(_conn, "_aconnect_to", counting)
+
+    async def body() -> None:
+        async with AsyncLedger(dsn, tenant_id="t1") as ledger:
+            for key in ("a", "b", "c"):
+                done = _held(dsn, key, 0.3)
+                assert (await ledger.run("op", lambda: None, {}, key=key, wait_timeout=10)).replay
+                await asyncio.to_thread(done.join)
+
+    asyncio.run(body())
+    assert len(opened) == 1
+
+
+def test_a_flood_of_notifications_makes_a_waiter_claim_at_most_ten_times_a_second(
+        dsn: str) -> None:
+    """A NOTIFY is anyone's to send (the channel and the keys are the database's)."""
+    holder = Ledger(dsn, tenant_id="t1", worker_id="holder")
+    claim = holder.claim("busy", "op", {}, lease=10)
+    with Ledger(dsn, tenant_id="t1") as ledger:
+        claims: list[float] = []
+        real = ledger._source.execute_aside
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            claims.append(time.monotonic())
+            return real(*args, **kwargs)
+
+        ledger._source.execute_aside = counted  # type: ignore[method-assign]
+        stop = threading.Event()
+
+        def flood() -> None:
+            with psycopg.connect(dsn, autocommit=True) as c:
+                while not stop.is_set():
+                    c.execute("SELECT pg_notify('replaysafe_actions', %s)",
+                              (claim.idempotency_key,))
+
+        flooder = threading.Thread(target=flood)
+        flooder.start()
+        try:
+            ex = ledger.run("op", lambda: None, {}, key="busy", wait_timeout=2)
+        finally:
+            stop.set()
+            flooder.join()
+        holder.close()
+    assert ex.status == "running"
+    assert 3 <= len(claims) <= 2 / 0.1 + 2
+
+
+def test_a_claim_a_waiter_takes_beside_a_given_connection_is_recorded_there(dsn: str) -> None:
+    """The owner's lease runs out while the caller's connection is inside a transaction of
+    its own: the waiter takes the action over, runs the tool, and records it beside that
+    transaction, so the caller's rollback cannot erase the record."""
+    holder = Ledger(dsn, tenant_id="t1", worker_id="holder")
+    holder.claim("busy", "op", {}, lease=1, on_expired="reclaim")  # and never reports
+    holder.close()
+    ran: list[int] = []
+    with psycopg.connect(dsn) as conn:
+        ledger = Ledger(conn, tenant_id="t1")
+        out: list[Any] = []
+        waiter = threading.Thread(target=lambda: out.append(ledger.run(
+            "op", lambda: ran.append(1) or {"done": True}, {}, key="busy", lease=5,
+            on_expired="reclaim", wait_timeout=10)))
+        waiter.start()
+        listener = ledger._source.listener()
+        assert listener is not None
+        assert _until(lambda: bool(listener._subscribers.by_key))
+        with conn.transaction():
+            conn.execute("SELECT 1")
+            waiter.join(10)
+            raise psycopg.Rollback
+    assert out and out[0].status == "succeeded" and not out[0].replay and ran == [1]
+    with Ledger(dsn, tenant_id="t1") as check:
+        action = check.get("busy")
+    assert action is not None and action.state == "succeeded"
+

@@ -204,10 +204,15 @@ def test_no_listen_is_left_on_a_transaction_poolers_server_sessions(
     through = transaction_bouncer.through(worker_login("t1"))
     answers, ran, back = _twenty_callers(through, 2)
     _assert_one_effect_all_back(answers, ran, back, 2.0)
-    with psycopg.connect(through, autocommit=True) as other:
-        for _ in range(6):
-            assert other.execute("SELECT count(*) FROM pg_listening_channels()",
-                                 prepare=False).fetchone() == (0,)
+    # Both server sessions of the login's pool at once: each of two open transactions holds one.
+    with psycopg.connect(through) as one, psycopg.connect(through) as two:
+        pids = set()
+        for c in (one, two):
+            row = c.execute("SELECT pg_backend_pid(), (SELECT count(*) FROM "
+                            "pg_listening_channels())", prepare=False).fetchone()
+            assert row is not None and row[1] == 0
+            pids.add(row[0])
+        assert len(pids) == 2
 
 
 def test_waiters_wake_by_claiming_every_second_without_a_listen_session(
