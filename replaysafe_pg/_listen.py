@@ -111,10 +111,14 @@ class _Subscribers:
                  "hears nothing; waiters claim again every %g s (give the ledger listen= a "
                  "direct DSN for immediate wake-ups)", POLL_INTERVAL)
 
-    @staticmethod
-    def session_failed(exc: BaseException) -> None:
-        log.warning("replaysafe_pg: the LISTEN session failed (%s); opening another on the "
-                    "next wait", exc)
+    def ended(self, failure: BaseException | None, opened: bool) -> None:
+        """The reader is gone (``failure``: why; ``opened``: after its LISTEN)."""
+        if failure is not None and opened:
+            log.warning("replaysafe_pg: the LISTEN session failed (%s); opening another on "
+                        "the next wait", failure)
+        elif failure is not None:
+            self.opening_failed(failure)
+        self.wake(None)  # claim again now: a wake-up may have been lost
 
     def own_session(self, rows: list[tuple[Any, ...]], conn: Any) -> bool:
         """Probed (or trusted): may ``conn`` LISTEN?"""
@@ -194,12 +198,7 @@ class Listener:
         with self._lock:
             self._reader = None
             self._ready.clear()
-            if failure is not None:
-                if opened:
-                    self._subscribers.session_failed(failure)
-                else:
-                    self._subscribers.opening_failed(failure)
-            self._subscribers.wake(None)  # claim again now: a wake-up may have been lost
+            self._subscribers.ended(failure, opened)
 
 
 def _read(ref: weakref.ref[Listener], connect: Connect) -> None:
@@ -278,12 +277,7 @@ class AsyncListener:
     def _done(self, failure: BaseException | None, opened: bool) -> None:
         self._reader = None
         self._ready.clear()
-        if failure is not None:
-            if opened:
-                self._subscribers.session_failed(failure)
-            else:
-                self._subscribers.opening_failed(failure)
-        self._subscribers.wake(None)
+        self._subscribers.ended(failure, opened)
 
 
 async def _aread(ref: weakref.ref[AsyncListener], connect: AsyncConnect) -> None:

@@ -160,6 +160,10 @@ def translate(exc: psycopg.Error) -> ReplaysafeError | None:
         return InvalidArgument(f"invalid argument: {message}", detail=diag.message_detail)
     if state == "42501":  # insufficient_privilege: row-level security or missing grants
         return AccessDenied(f"access denied: {message}")
+    if state == "25006":  # read_only_sql_transaction: a standby, or a read-only default
+        return DatabaseUnavailable(
+            f"{message}: this session cannot write (a standby, or default_transaction_read_only "
+            "set for the login or planted on a pooler's shared server session)")
     if state in _LOST_PREPARED:
         return DatabaseUnavailable(
             f"{message}: named prepared statements do not survive a transaction pooler "

@@ -339,3 +339,11 @@ def test_a_given_connection_keeps_at_most_a_thousand_notifications_the_driver_sa
         backlog = conn._notifies_backlog
         assert backlog is not None and len(backlog) == 1000
         assert backlog[-1].payload == "1499", "the newest are kept"
+
+
+def test_a_read_only_session_is_database_unavailable_not_a_raw_error(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SET default_transaction_read_only = on")
+        ledger = Ledger(conn, tenant_id="t1")
+        with pytest.raises(DatabaseUnavailable, match="cannot write"):
+            ledger.claim("k", "op", {})
