@@ -72,9 +72,36 @@ def _record(message: ToolMessage) -> dict[str, Any]:
     return record
 
 
-def _message(record: dict[str, Any], call: dict[str, Any]) -> ToolMessage:
-    return ToolMessage(content=record["content"], name=call["name"], tool_call_id=call["id"],
-                       status=record.get("status", "success"), artifact=record.get("artifact"))
+# The keys of a call's record as the node writes it (``_record``).
+_RECORD_KEYS = frozenset({"content", "status", "artifact", "artifact_dropped"})
+
+
+def _is_record(result: Any) -> bool:
+    return (isinstance(result, dict) and {"content", "status"} <= result.keys() <= _RECORD_KEYS
+            and result["status"] in ("success", "error"))
+
+
+def _content(value: Any) -> Any:
+    """What ToolNode makes a tool's return value into: a string or a list of content blocks
+    as they are, anything else its JSON text."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(
+            isinstance(v, str) or (isinstance(v, dict) and "type" in v) for v in value):
+        return value
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _message(result: Any, call: dict[str, Any]) -> ToolMessage:
+    """The ToolMessage of a call that succeeded: from the record the node wrote when the tool
+    ran, or — for an outcome settled by reconciliation (docs/reconcile.md) — from what the
+    tool would have returned, as ToolNode builds a message from a tool's return value."""
+    if _is_record(result):
+        return ToolMessage(content=result["content"], name=call["name"],
+                           tool_call_id=call["id"], status=result["status"],
+                           artifact=result.get("artifact"))
+    return ToolMessage(content=_content(result), name=call["name"], tool_call_id=call["id"],
+                       status="success")
 
 
 class ReplaySafeToolNode(ToolNode):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -171,3 +172,57 @@ def test_async_flavour_replays_too(dsn: str, tmp_path: Path) -> None:
 
     asyncio.run(main())
     assert len(lines(effects)) == 1
+
+
+def test_a_reconciled_call_replays_as_what_the_tool_would_have_returned(
+        dsn: str, tmp_path: Path) -> None:
+    """docs/reconcile.md: the lookup answers what the tool would have returned; the node
+    builds the ToolMessage from it, and the thread goes on from before the tool node (time
+    travel), the tool not run again."""
+    from replaysafe_pg.reconcile import Succeeded
+
+    effects = tmp_path / "effects.txt"
+    thread_id = str(uuid.uuid4())
+    with Ledger(dsn, tenant_id="t1") as ledger, ReplaysafeSaver(dsn, tenant_id="t1") as saver:
+        node = ReplaySafeToolNode(make_tools(str(effects)), ledger=ledger)
+        graph = agent_graph(saver, node, CHARGE)
+        config = {"configurable": {"thread_id": thread_id}}
+        graph.invoke({"messages": [HumanMessage("go")]}, config, durability="sync",
+                     interrupt_before=["tools"])
+        ai = graph.get_state(config).values["messages"][-1]
+        key = tool_call_key(thread_id, ai.id, "call_charge")
+        claim = ledger.claim(key, "charge", {"args": {"amount": 500}}, thread_id=thread_id)
+        ledger.mark_unknown(claim, {"message": "crashed after the charge"})
+        out = graph.invoke(None, config, durability="sync")  # the model hears "unknown"
+        assert "not known" in [m for m in out["messages"] if isinstance(m, ToolMessage)][-1].content
+
+        # docs/reconcile.md#a-langgraph-tool-call, as written.
+        text = (ROOT / "docs" / "reconcile.md").read_text()
+        section = text.split("## A LangGraph tool call", 1)[1]
+        example = re.search(r"```python\n(.*?)```", section, re.S)
+        assert example is not None
+        names: dict[str, Any] = {"ledger": ledger, "graph": graph, "config": config,
+                                 "Succeeded": Succeeded}
+        exec(compile(example.group(1), "docs/reconcile.md", "exec"), names)
+        assert ledger.get(key).state == "succeeded"  # type: ignore[union-attr]
+        out = names["out"]
+    message = [m for m in out["messages"] if isinstance(m, ToolMessage)][-1]
+    assert (message.status, message.content) == ("success", '{"charged": 500}')
+    assert out["messages"][-1].content == """done: ['{"charged": 500}']"""
+    assert lines(effects) == []
+
+
+@pytest.mark.parametrize(("returned", "content"), [
+    ("charged 500", "charged 500"),
+    ({"content": "x"}, '{"content": "x"}'),
+    ([1, 2], "[1, 2]"),
+    ([{"type": "text", "text": "hi"}], [{"type": "text", "text": "hi"}]),
+])
+def test_a_reconciled_result_becomes_the_messages_content_as_toolnode_would(
+        returned: Any, content: Any) -> None:
+    from replaysafe_pg.langgraph.tool_node import _message
+
+    call = {"name": "charge", "id": "c1"}
+    assert _message(returned, call).content == content
+    record = {"content": "charged 500", "status": "success"}
+    assert _message(record, call).content == "charged 500", "the node's own records replay"
