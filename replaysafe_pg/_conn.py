@@ -406,7 +406,7 @@ class SyncSource:
         if not self._listens:
             return None
         if self._listener is None:
-            target = self._listen_at or self._place()
+            target = self._place()
             connect: _listen.Connect = (
                 functools.partial(_connect_to, target) if self._pool is None
                 else lambda: _connect_to(self._place()))  # a pool's credentials may rotate

@@ -48,6 +48,19 @@ def _held(dsn: str, key: str, hold: float) -> threading.Thread:
     return thread
 
 
+def _waiting(ledger: Ledger, tool: Callable[[], Any],
+             **options: Any) -> tuple[threading.Thread, list[Any]]:
+    """A thread whose ``run`` waits for another worker's action: back once the waiter's
+    first claim is answered (it subscribed); the list gets its Execution."""
+    out: list[Any] = []
+    waiter = threading.Thread(target=lambda: out.append(ledger.run("op", tool, {}, **options)))
+    waiter.start()
+    listener = ledger._source.listener()
+    assert listener is not None
+    assert _until(lambda: bool(listener._subscribers.by_key))
+    return waiter, out
+
+
 def test_the_waiters_of_many_ledgers_share_one_session(dsn: str) -> None:
     done = _held(dsn, "busy", 1.0)
     ledgers = [Ledger(dsn, tenant_id="t1", worker_id=f"w{n}") for n in range(5)]
@@ -96,14 +109,7 @@ def test_a_waiter_on_a_given_connection_claims_beside_it(dsn: str) -> None:
         ledger = Ledger(conn, tenant_id="t1")
         holder = Ledger(dsn, tenant_id="t1", worker_id="holder")
         claim = holder.claim("busy", "op", {}, lease=10)
-        out: list[Any] = []
-        waiter = threading.Thread(target=lambda: out.append(
-            ledger.run("op", lambda: None, {}, key="busy", wait_timeout=10)))
-        waiter.start()
-        # The waiter's first claim (on the given connection) is answered: it subscribed.
-        listener = ledger._source.listener()
-        assert listener is not None
-        assert _until(lambda: bool(listener._subscribers.by_key))
+        waiter, out = _waiting(ledger, lambda: None, key="busy", wait_timeout=10)
         with conn.transaction():
             conn.execute("SELECT 1")
             holder.complete(claim, {"done": True})
@@ -198,14 +204,8 @@ def test_a_claim_a_waiter_takes_beside_a_given_connection_is_recorded_there(dsn:
     ran: list[int] = []
     with psycopg.connect(dsn) as conn:
         ledger = Ledger(conn, tenant_id="t1")
-        out: list[Any] = []
-        waiter = threading.Thread(target=lambda: out.append(ledger.run(
-            "op", lambda: ran.append(1) or {"done": True}, {}, key="busy", lease=5,
-            on_expired="reclaim", wait_timeout=10)))
-        waiter.start()
-        listener = ledger._source.listener()
-        assert listener is not None
-        assert _until(lambda: bool(listener._subscribers.by_key))
+        waiter, out = _waiting(ledger, lambda: ran.append(1) or {"done": True}, key="busy",
+                               lease=5, on_expired="reclaim", wait_timeout=10)
         with conn.transaction():
             conn.execute("SELECT 1")
             waiter.join(10)

@@ -7,18 +7,13 @@ from typing import Any
 
 import psycopg
 import pytest
+from helpers.db import own_connection
 
 from replaysafe_pg import DatabaseUnavailable, Ledger
 
 
 def _names(conn: psycopg.Connection[Any]) -> set[str]:
     return {r[0] for r in conn.execute("SELECT name FROM pg_prepared_statements")}
-
-
-def _own(ledger: Ledger) -> psycopg.Connection[Any]:
-    conn = ledger._source._own
-    assert conn is not None
-    return conn
 
 
 def test_statements_are_prepared_under_names_of_their_content(dsn: str) -> None:
@@ -28,8 +23,8 @@ def test_statements_are_prepared_under_names_of_their_content(dsn: str) -> None:
         with Ledger(dsn, tenant_id="t1") as ledger:
             for i in range(6):
                 assert ledger.get(f"k{i}") is None
-            assert _own(ledger).__dict__["_replaysafe_own_session"] is True
-            names.append(_names(_own(ledger)))
+            assert own_connection(ledger).__dict__["_replaysafe_own_session"] is True
+            names.append(_names(own_connection(ledger)))
     assert len(names[0]) == 1 and names[0] == names[1], "one name for one statement"
     (name,) = names[0]
     assert name.startswith("rs_") and len(name) == 43
@@ -39,7 +34,7 @@ def test_prepare_false_sends_every_statement_unnamed(dsn: str) -> None:
     with Ledger(dsn, tenant_id="t1", prepare=False) as ledger:
         for i in range(6):
             ledger.get(f"k{i}")
-        assert _names(_own(ledger)) == set()
+        assert _names(own_connection(ledger)) == set()
 
 
 def test_a_connection_with_psycopgs_own_names_gets_unnamed_statements(dsn: str) -> None:
@@ -60,14 +55,14 @@ def test_a_name_already_taken_on_the_server_session_falls_back_to_unnamed(dsn: s
         first.run("op", lambda: {"x": 1}, {}, key="k0")
         for _ in range(6):
             first.get("k0")
-        (name,) = _names(_own(first))  # get_action's: the one statement used five times
+        (name,) = _names(own_connection(first))  # get_action's: the one statement used five times
     with Ledger(dsn, tenant_id="t1") as second:
         assert second.get("k0") is not None
-        _own(second).execute(f"PREPARE {name} AS SELECT 1")
+        own_connection(second).execute(f"PREPARE {name} AS SELECT 1")
         for _ in range(6):
             action = second.get("k0")
             assert action is not None and action.result == {"x": 1}
-        assert _own(second).__dict__.get("_replaysafe_unnamed") is True
+        assert own_connection(second).__dict__.get("_replaysafe_unnamed") is True
 
 
 def test_a_name_gone_from_the_server_session_falls_back_to_unnamed(dsn: str) -> None:
@@ -76,7 +71,7 @@ def test_a_name_gone_from_the_server_session_falls_back_to_unnamed(dsn: str) -> 
     with Ledger(dsn, tenant_id="t1") as ledger:
         for _ in range(6):
             ledger.get("k0")
-        conn = _own(ledger)
+        conn = own_connection(ledger)
         (name,) = _names(conn)
         conn.execute(f"DEALLOCATE {name}")
         assert ledger.get("k0") is None

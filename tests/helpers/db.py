@@ -121,3 +121,10 @@ def owner_rows(dsn: str, query: str, params: Any = None) -> list[tuple[Any, ...]
     """``query``'s rows, read on a connection of ``dsn``'s own role (the schema owner)."""
     with psycopg.connect(dsn) as c:
         return c.execute(query.encode(), params).fetchall()
+
+
+def own_connection(ledger: Any) -> psycopg.Connection[Any]:
+    """The connection a Ledger made from a DSN opened for itself."""
+    conn = ledger._source._own
+    assert conn is not None
+    return conn

@@ -15,6 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 from helpers import cli
+from helpers.db import own_connection
 from helpers.pgbouncer import PgBouncer
 from helpers.run import ROOT, add_effect, count_effects, make_effects_table
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
@@ -91,12 +92,6 @@ def test_two_ledgers_sharing_server_connections_record_every_outcome(
                 assert f"{kind} {key}" in str(error), (key, error)
 
 
-def _own(ledger: Ledger) -> psycopg.Connection[Any]:
-    conn = ledger._source._own
-    assert conn is not None
-    return conn
-
-
 def test_through_a_pooler_the_statements_go_unnamed(
         dsn: str, bouncer: PgBouncer, worker_login: Callable[..., str]) -> None:
     """The probe sees that the server session is not the connection's own (PgBouncer makes up
@@ -105,7 +100,7 @@ def test_through_a_pooler_the_statements_go_unnamed(
     with Ledger(through, tenant_id="t1") as ledger:
         for i in range(6):
             assert ledger.get(f"k{i}") is None
-        conn = _own(ledger)
+        conn = own_connection(ledger)
         assert conn.__dict__["_replaysafe_own_session"] is False
         if bouncer.pool_mode == "session":
             assert conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone() == (0,)
@@ -133,7 +128,7 @@ def test_prepare_true_behind_a_transaction_pooler_falls_back_to_unnamed(
             assert first.get("k").result == {"x": 1}  # type: ignore[union-attr]
         for _ in range(6):
             assert second.get("k").result == {"x": 1}  # type: ignore[union-attr]
-        assert _own(second).__dict__.get("_replaysafe_unnamed") is True
+        assert own_connection(second).__dict__.get("_replaysafe_unnamed") is True
         for round_ in range(2):
             expected = _mixed_round([first, second], f"p{round_}", 9)
             assert {k: v[0] for k, v in _outcomes(dsn, list(expected)).items()} == {
