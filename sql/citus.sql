@@ -11,7 +11,9 @@
 --     replaysafe.actions (one colocation group of their own), so a tenant's actions,
 --     attempts, threads and checkpoints live on one worker;
 --   * role_bindings, installation (the secret that salts idempotency keys: a delegated
---     claim derives the key on the worker) and role_binding_nodes are reference tables
+--     claim derives the key on the worker), role_binding_nodes, grant_keys and
+--     grant_generations (a delegated call verifies its tenant grant on the worker) are
+--     reference tables
 --     (one copy on every node); alembic_version stays on the coordinator;
 --   * every public function that takes p_tenant_id and acts on that tenant is registered
 --     with distribution_arg_name => 'p_tenant_id', colocated with replaysafe.actions;
@@ -54,7 +56,7 @@ DECLARE
     v_version text := (SELECT e.extversion FROM pg_catalog.pg_extension e WHERE e.extname = 'citus');
     v_revision text;
     -- The revision this script was written and reviewed for.
-    v_written_for constant text := '0011';
+    v_written_for constant text := '0012';
 BEGIN
     IF v_version IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '55000', MESSAGE =
@@ -100,8 +102,9 @@ BEGIN
     WHERE c.relnamespace = 'replaysafe'::regnamespace AND c.relkind IN ('r', 'p')
       AND c.relname NOT IN ('actions', 'action_attempts', 'threads', 'thread_versions',
                             'langgraph_checkpoints', 'langgraph_blobs', 'langgraph_writes',
-                            'langgraph_namespaces', 'role_bindings', 'installation',
-                            'role_binding_nodes', 'alembic_version');
+                            'langgraph_namespaces', 'langgraph_thread_users', 'role_bindings',
+                            'installation', 'role_binding_nodes', 'grant_keys',
+                            'grant_generations', 'alembic_version');
     IF v_unknown IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = '55000', MESSAGE = format(
             'replaysafe''s Citus distribution does not know the table(s) %s: refusing to '
@@ -162,7 +165,7 @@ $nodes$;
 -- evaluates it (a delegated call runs on a worker, whose role OIDs are not the coordinator's).
 CREATE OR REPLACE VIEW replaysafe._caller AS
 SELECT r.role_name,
-       CASE WHEN replaysafe._in_restricted_operation() THEN NULL  -- see the function
+       CASE WHEN p.restricted THEN NULL  -- see the function
             ELSE coalesce(
                 (SELECT b.tenant_id FROM replaysafe.role_binding_nodes m
                  JOIN replaysafe.role_bindings b ON b.role_oid = m.bound_oid
@@ -174,19 +177,23 @@ SELECT r.role_name,
                  WHERE m.groupid = (SELECT g.groupid FROM pg_catalog.pg_dist_local_group g)
                    AND m.role_oid = to_regrole(quote_ident(r.login_name))::oid
                    AND m.role_name = r.login_name)) END
-           AS tenant_id
+           AS tenant_id,
+       p.restricted
 FROM (SELECT CASE WHEN current_setting('role') = 'none' THEN session_user::text
                   ELSE current_setting('role') END AS role_name,
-             session_user::text AS login_name) r;
+             session_user::text AS login_name) r,
+     LATERAL (SELECT replaysafe._in_restricted_operation() AS restricted) p;
 
 CREATE OR REPLACE VIEW replaysafe._reader AS
-SELECT r.tenant_id,
-       CASE WHEN r.tenant_id IS NOT NULL THEN false
-            WHEN current_user IN ('replaysafe_worker', 'replaysafe_operator', 'replaysafe_auditor')
+SELECT coalesce(r.tenant_id, g.tenant_id) AS tenant_id,
+       CASE WHEN r.tenant_id IS NOT NULL OR g.tenant_id IS NOT NULL THEN false
+            WHEN current_user IN ('replaysafe_worker', 'replaysafe_operator', 'replaysafe_auditor',
+                                  'replaysafe_issuer')
                 THEN false
             ELSE pg_has_role(current_user, n.nspowner, 'USAGE')
                  OR EXISTS (SELECT 1 FROM pg_roles a WHERE a.rolname = 'replaysafe_auditor'
-                            AND pg_has_role(current_user, a.oid, 'USAGE')) END AS reads_all
+                            AND pg_has_role(current_user, a.oid, 'USAGE')) END AS reads_all,
+       g.user_id
 FROM (SELECT coalesce(
           (SELECT b.tenant_id FROM replaysafe.role_binding_nodes m
            JOIN replaysafe.role_bindings b ON b.role_oid = m.bound_oid
@@ -201,7 +208,12 @@ FROM (SELECT coalesce(
              AND current_user::text = CASE WHEN current_setting('role') = 'none'
                                            THEN session_user::text
                                            ELSE current_setting('role') END))
-          AS tenant_id) r,
+          AS tenant_id) r
+     LEFT JOIN LATERAL (SELECT f.tenant_id, f.user_id FROM replaysafe.grant_in_force() f
+                        WHERE current_user::text = CASE WHEN current_setting('role') = 'none'
+                                                        THEN session_user::text
+                                                        ELSE current_setting('role') END) g
+            ON true,
      pg_namespace n
 WHERE n.nspname = 'replaysafe'
   AND pg_current_xact_id_if_assigned() IS DISTINCT FROM '0'::xid8;
@@ -281,7 +293,8 @@ DECLARE
     v_coloc    integer;
     v_anchor   integer;
 BEGIN
-    FOREACH t IN ARRAY ARRAY['role_bindings', 'installation', 'role_binding_nodes'] LOOP
+    FOREACH t IN ARRAY ARRAY['role_bindings', 'installation', 'role_binding_nodes', 'grant_keys',
+                             'grant_generations'] LOOP
         SELECT p.partmethod, p.repmodel INTO v_method, v_repmodel
         FROM pg_dist_partition p WHERE p.logicalrelid = format('replaysafe.%I', t)::regclass;
         IF NOT FOUND OR (v_method = 'n' AND v_repmodel <> 't') THEN  -- new, or a Citus local table
@@ -294,7 +307,7 @@ BEGIN
 
     FOREACH t IN ARRAY ARRAY['actions', 'action_attempts', 'threads', 'thread_versions',
                              'langgraph_checkpoints', 'langgraph_blobs', 'langgraph_writes',
-                             'langgraph_namespaces'] LOOP
+                             'langgraph_namespaces', 'langgraph_thread_users'] LOOP
         SELECT p.partmethod, p.repmodel, column_to_column_name(p.logicalrelid, p.partkey),
                p.colocationid
         INTO v_method, v_repmodel, v_column, v_coloc
@@ -325,7 +338,9 @@ $distribute$;
 -- Functions. A public function that takes p_tenant_id acts on that tenant alone (every
 -- statement in it is filtered by it): a call is delegated to the worker holding the tenant.
 -- Not bind_role_to_tenant (it reads the coordinator's role OIDs and writes a reference
--- table) nor idempotency_key (the owner's, reads only the installation's secret).
+-- table), idempotency_key (the owner's, reads only the installation's secret), sweep and
+-- purge (p_tenant_id is optional there: without it they work across tenants), nor the
+-- tenant grants' issue and revoke (they read and write reference tables only).
 DO $functions$
 DECLARE
     f        record;
@@ -335,7 +350,10 @@ DECLARE
 BEGIN
     FOR f IN
         SELECT p.oid, p.oid::regprocedure AS sig,
-               CASE WHEN p.proname !~ '^_' AND p.proname NOT IN ('bind_role_to_tenant', 'idempotency_key')
+               CASE WHEN p.proname !~ '^_'
+                         AND p.proname NOT IN ('bind_role_to_tenant', 'idempotency_key',
+                                               'sweep_expired_actions', 'purge_actions',
+                                               'issue_tenant_grant', 'revoke_tenant_grants')
                          AND 'p_tenant_id' = ANY (p.proargnames)
                     THEN array_position(p.proargnames, 'p_tenant_id') - 1 END AS arg_index
         FROM pg_proc p

@@ -14,7 +14,7 @@ SELECT pg_catalog.current_setting('server_version') AS server_version, current_u
 SELECT pg_catalog.pg_has_role(n.nspowner, 'MEMBER') AS owner, pg_catalog.has_schema_privilege(n.oid, 'USAGE') AND coalesce(pg_catalog.has_table_privilege(c.oid, 'SELECT'), false) AS reads_actions FROM pg_catalog.pg_namespace n LEFT JOIN pg_catalog.pg_class c ON c.relnamespace OPERATOR(pg_catalog.=) n.oid AND c.relname OPERATOR(pg_catalog.=) 'actions_v' WHERE n.nspname OPERATOR(pg_catalog.=) 'replaysafe'
 
 -- name: group_roles --
-SELECT r.name, EXISTS (SELECT 1 FROM pg_catalog.pg_roles p WHERE p.rolname OPERATOR(pg_catalog.=) r.name) AS present FROM pg_catalog.unnest(ARRAY['replaysafe_worker', 'replaysafe_operator', 'replaysafe_auditor']) AS r(name) ORDER BY r.name
+SELECT r.name, EXISTS (SELECT 1 FROM pg_catalog.pg_roles p WHERE p.rolname OPERATOR(pg_catalog.=) r.name) AS present FROM pg_catalog.unnest(ARRAY['replaysafe_worker', 'replaysafe_operator', 'replaysafe_auditor', 'replaysafe_issuer']) AS r(name) ORDER BY r.name
 
 -- name: table_rls --
 SELECT c.relname::pg_catalog.text AS table_name, c.relrowsecurity AS rls_enabled FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace WHERE n.nspname OPERATOR(pg_catalog.=) 'replaysafe' AND c.relkind OPERATOR(pg_catalog.=) ANY (ARRAY['r', 'p']::pg_catalog."char"[]) AND c.relname OPERATOR(pg_catalog.<>) 'alembic_version' ORDER BY c.relname
@@ -77,3 +77,19 @@ SELECT v.name, pg_catalog.strpos(pg_catalog.pg_get_viewdef(('replaysafe.' OPERAT
 -- here (level 1), its own everywhere (2), everyone's here (3), every role's everywhere (4); a
 -- lower level wins. Level 5 (no settings) lists each such role once.
 SELECT r.rolname::pg_catalog.text AS role, CASE WHEN s.setrole OPERATOR(pg_catalog.<>) 0::pg_catalog.oid AND s.setdatabase OPERATOR(pg_catalog.<>) 0::pg_catalog.oid THEN 1 WHEN s.setrole OPERATOR(pg_catalog.<>) 0::pg_catalog.oid THEN 2 WHEN s.setdatabase OPERATOR(pg_catalog.<>) 0::pg_catalog.oid THEN 3 ELSE 4 END AS level, s.setconfig AS settings FROM pg_catalog.pg_roles r CROSS JOIN pg_catalog.pg_roles g JOIN pg_catalog.pg_db_role_setting s ON (s.setrole OPERATOR(pg_catalog.=) r.oid OR s.setrole OPERATOR(pg_catalog.=) 0::pg_catalog.oid) AND (s.setdatabase OPERATOR(pg_catalog.=) 0::pg_catalog.oid OR s.setdatabase OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())) WHERE g.rolname OPERATOR(pg_catalog.=) 'replaysafe_worker' AND r.rolcanlogin AND NOT r.rolsuper AND r.oid OPERATOR(pg_catalog.<>) g.oid AND pg_catalog.pg_has_role(r.oid, g.oid, 'MEMBER') UNION ALL SELECT r.rolname::pg_catalog.text, 5, NULL FROM pg_catalog.pg_roles r CROSS JOIN pg_catalog.pg_roles g WHERE g.rolname OPERATOR(pg_catalog.=) 'replaysafe_worker' AND r.rolcanlogin AND NOT r.rolsuper AND r.oid OPERATOR(pg_catalog.<>) g.oid AND pg_catalog.pg_has_role(r.oid, g.oid, 'MEMBER') ORDER BY 1, 2
+
+-- name: issuers_with_duties --
+-- doctor: LOGIN roles that may both issue tenant grants and act (a worker, operator or
+-- auditor): whoever holds such a login grants itself any tenant. Catalogs only.
+SELECT r.rolname::pg_catalog.text AS role, pg_catalog.array_agg(g.rolname::pg_catalog.text ORDER BY g.rolname) AS duties FROM pg_catalog.pg_roles r JOIN pg_catalog.pg_roles i ON i.rolname OPERATOR(pg_catalog.=) 'replaysafe_issuer' JOIN pg_catalog.pg_roles g ON g.rolname OPERATOR(pg_catalog.=) ANY (ARRAY['replaysafe_worker', 'replaysafe_operator', 'replaysafe_auditor']::pg_catalog.name[]) WHERE r.rolcanlogin AND NOT r.rolsuper AND pg_catalog.pg_has_role(r.oid, i.oid, 'MEMBER') AND pg_catalog.pg_has_role(r.oid, g.oid, 'MEMBER') GROUP BY r.rolname ORDER BY 1
+
+-- name: pooled_logins_in_bound_roles --
+-- doctor (as the schema owner: the bindings are its table): unbound LOGIN roles of a group
+-- role that are members of a bound role. With SET ROLE such a login acts as that tenant
+-- without any grant: a pooled login serving many tenants should be a member of no bound role.
+SELECT r.rolname::pg_catalog.text AS role, pg_catalog.array_agg(DISTINCT b.role_name ORDER BY b.role_name) AS bound_roles FROM pg_catalog.pg_roles r JOIN replaysafe.role_bindings b ON b.role_oid OPERATOR(pg_catalog.<>) r.oid AND pg_catalog.pg_has_role(r.oid, b.role_oid, 'MEMBER') WHERE r.rolcanlogin AND NOT r.rolsuper AND NOT EXISTS (SELECT 1 FROM replaysafe.role_bindings o WHERE o.role_oid OPERATOR(pg_catalog.=) r.oid) AND EXISTS (SELECT 1 FROM pg_catalog.pg_roles g WHERE g.rolname OPERATOR(pg_catalog.=) ANY (ARRAY['replaysafe_worker', 'replaysafe_operator', 'replaysafe_auditor']::pg_catalog.name[]) AND pg_catalog.pg_has_role(r.oid, g.oid, 'MEMBER')) GROUP BY r.rolname ORDER BY 1
+
+-- name: installation_copy --
+-- doctor (as the schema owner): is this database a copy (a template clone, a restore) of the
+-- one the installation was created in? It then shares the installation's id and grant keys.
+SELECT i.installation_id::pg_catalog.text AS installation_id, i.database_oid OPERATOR(pg_catalog.<>) d.oid AS copied FROM replaysafe.installation i, pg_catalog.pg_database d WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()

@@ -11,7 +11,8 @@ DECLARE
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = current_user
                AND (rolsuper OR rolcreaterole)) THEN
-        FOREACH r IN ARRAY ARRAY['replaysafe_worker', 'replaysafe_operator', 'replaysafe_auditor'] LOOP
+        FOREACH r IN ARRAY ARRAY['replaysafe_worker', 'replaysafe_operator', 'replaysafe_auditor',
+                                 'replaysafe_issuer'] LOOP
             BEGIN
                 IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = r) THEN
                     EXECUTE pg_catalog.format('CREATE ROLE %I NOLOGIN', r);
@@ -68,18 +69,22 @@ BEGIN
                    'installed_revision',
                    'langgraph_put', 'langgraph_put_writes', 'langgraph_get_tuple', 'langgraph_list',
                    'langgraph_delete_thread', 'langgraph_delete_for_runs', 'langgraph_copy_thread',
-                   'langgraph_prune'],
+                   'langgraph_prune', 'use_grant', 'grant_in_force'],
              ARRAY['actions_v', 'action_attempts_v', 'unresolved_actions', 'multi_effect_actions',
                    'threads_v']),
             (2, 'replaysafe_auditor',
-             ARRAY['installed_revision'],
+             ARRAY['installed_revision', 'use_grant', 'grant_in_force'],
              ARRAY['actions_v', 'action_attempts_v', 'unresolved_actions', 'multi_effect_actions',
                    'threads_v']),
             (3, 'replaysafe_operator',
              ARRAY['resolve_action', 'reopen_action', 'purge_actions', 'sweep_expired_actions',
-                   'installed_revision'],
+                   'installed_revision', 'use_grant', 'grant_in_force', 'revoke_tenant_grants'],
              ARRAY['actions_v', 'action_attempts_v', 'unresolved_actions', 'multi_effect_actions',
-                   'threads_v'])) d(ord, role, functions, views)
+                   'threads_v']),
+            -- The issuer signs grants and does nothing else: no view, no ledger function.
+            (4, 'replaysafe_issuer',
+             ARRAY['issue_tenant_grant', 'installed_revision'],
+             ARRAY[]::text[])) d(ord, role, functions, views)
         WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_roles a WHERE a.rolname = d.role)
         ORDER BY d.ord  -- the order the privileges are listed in (pg_dump shows it)
     LOOP

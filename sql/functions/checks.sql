@@ -51,8 +51,10 @@ $$;
 -- time the call uses. Only the schema owner and replaysafe_operator members may move time:
 -- from anyone else a time more than 5 minutes away is refused, and a time in the future
 -- (within those 5 minutes: client clocks drift) is taken as the clock, so a worker can never
--- expire or re-claim another caller's lease early.
-CREATE OR REPLACE FUNCTION replaysafe._check_now(p_now timestamptz)
+-- expire or re-claim another caller's lease early. A caller with a tenant grant may move time
+-- only when the grant too gives it the operator duty (the tenant check follows and verifies
+-- the grant; here it is only read).
+CREATE OR REPLACE FUNCTION replaysafe._check_now(p_now timestamptz, p_grant text DEFAULT NULL)
 RETURNS timestamptz
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -70,7 +72,16 @@ BEGIN
     IF p_now <= v_clock AND p_now >= v_clock - interval '5 minutes' THEN
         RETURN p_now;
     END IF;
-    IF EXISTS (SELECT 1 FROM replaysafe._caller_scope c WHERE c.owner_or_operator) THEN
+    IF p_grant IS NULL THEN
+        IF EXISTS (SELECT 1 FROM replaysafe._caller_scope c WHERE c.owner_or_operator) THEN
+            RETURN p_now;
+        END IF;
+    -- Under a grant, the operator duty must be both the grant's and the caller's (USAGE).
+    ELSIF (replaysafe._acts_with_grant(NULL, p_grant, '{worker,operator,auditor}') -> 'dut') ? 'operator'
+          AND EXISTS (SELECT 1 FROM replaysafe._caller c
+                      WHERE NOT c.restricted AND pg_has_role(
+                          c.role_name, coalesce(to_regrole('replaysafe_operator')::oid, 0::oid),
+                          'USAGE')) THEN
         RETURN p_now;
     END IF;
     IF p_now BETWEEN v_clock - interval '5 minutes' AND v_clock + interval '5 minutes' THEN
@@ -80,5 +91,21 @@ BEGIN
         'must lie within 5 minutes of the database clock (only the schema owner and '
         'replaysafe_operator members may pass another time)');
     RETURN NULL;
+END
+$$;
+
+-- Every write is durable when it commits, whatever the session says: a caller's own
+-- "synchronous_commit = off" (or one a pooled server connection kept from another client)
+-- would let a committed claim vanish in a crash, and its tool run again. Raised to "on" for
+-- the rest of the transaction (never lowered: "remote_write" and "remote_apply" stay).
+CREATE OR REPLACE FUNCTION replaysafe._durable()
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF current_setting('synchronous_commit') IN ('off', 'local') THEN
+        PERFORM set_config('synchronous_commit', 'on', true);
+    END IF;
 END
 $$;

@@ -3,7 +3,9 @@
 -- method of a LangGraph checkpointer. Channel values are stored once per (channel, version)
 -- in langgraph_blobs; a checkpoint row holds the rest. The newest checkpoint of a thread and
 -- namespace (its head) is the one put stored last, kept on its langgraph_namespaces row (not
--- the greatest id: an id made on a host whose clock lags sorts below its parent). A
+-- the greatest id: an id made on a host whose clock lags sorts below its parent). Under a
+-- tenant grant that names a user, only that user's threads are reachable (a thread becomes
+-- theirs when they store into it first: _langgraph_user_thread). A
 -- checkpoint written by the run loop (metadata source "input" or "loop") whose parent is not
 -- the head is refused: two runs on one thread cannot fork it silently.
 -- ---------------------------------------------------------------------------------------
@@ -23,6 +25,49 @@ BEGIN
         PERFORM replaysafe._invalid('p_checkpoint_ns',
             'must be text of at most 512 characters and 1024 bytes');
     END IF;
+END
+$$;
+
+-- Under a tenant grant that names a user (p_user_id), the thread must be that user's: RS004
+-- for another user's thread and for one of the whole tenant (made without such a grant).
+-- p_claim: a thread that has nothing stored yet becomes the user's (a put, pending writes,
+-- a copy's target). A thread that does not exist is no refusal for a read (it reads nothing).
+CREATE OR REPLACE FUNCTION replaysafe._langgraph_user_thread(p_tenant_id text, p_thread_id text,
+                                                             p_user_id text, p_claim boolean)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_owner text;
+BEGIN
+    IF p_user_id IS NULL THEN
+        RETURN;
+    END IF;
+    FOR i IN 1..2 LOOP
+        SELECT u.user_id INTO v_owner FROM replaysafe.langgraph_thread_users u
+        WHERE u.tenant_id = p_tenant_id AND u.thread_id = p_thread_id;
+        IF FOUND THEN
+            IF v_owner COLLATE "C" <> p_user_id COLLATE "C" THEN
+                PERFORM replaysafe._deny_thread();
+            END IF;
+            RETURN;
+        END IF;
+        IF EXISTS (SELECT 1 FROM replaysafe.langgraph_namespaces n
+                   WHERE n.tenant_id = p_tenant_id AND n.thread_id = p_thread_id) THEN
+            PERFORM replaysafe._deny_thread();  -- the whole tenant's thread
+        END IF;
+        IF NOT p_claim THEN
+            RETURN;
+        END IF;
+        INSERT INTO replaysafe.langgraph_thread_users (tenant_id, thread_id, user_id)
+        VALUES (p_tenant_id, p_thread_id, p_user_id)
+        ON CONFLICT DO NOTHING;
+        IF FOUND THEN
+            RETURN;
+        END IF;
+        -- A concurrent claim made it someone's first: look again.
+    END LOOP;
 END
 $$;
 
@@ -123,13 +168,15 @@ CREATE OR REPLACE FUNCTION replaysafe.langgraph_put(
     p_versions      text[]  DEFAULT '{}',
     p_types         text[]  DEFAULT '{}',
     p_blobs         bytea[] DEFAULT '{}',
-    p_history_limit integer DEFAULT NULL)
+    p_history_limit integer DEFAULT NULL,
+    p_grant         text    DEFAULT NULL)
 RETURNS replaysafe.langgraph_put_record
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    v_user    text;
     v_refused text[];
     v_head    text;
     v_old     record;
@@ -193,13 +240,15 @@ BEGIN
             'must be a positive number of checkpoints (got ' || p_history_limit || ')');
     END IF;
     -- The tenant check's common case inline: a caller bound to p_tenant_id, per _caller
-    -- (which holds the security-restricted-operation probe). Anything else, and any argument
-    -- with a COLLATE clause, takes _acts_for's whole path (its answer or its error). Both
-    -- tests compare under "C" (see _acts_for).
-    IF pg_collation_for(p_tenant_id) COLLATE "C" IS DISTINCT FROM '"default"'
+    -- (which holds the security-restricted-operation probe), without a grant. Anything else,
+    -- and any argument with a COLLATE clause, takes _acts_for's whole path (its answer or its
+    -- error). Both tests compare under "C" (see _acts_for).
+    IF p_grant IS NOT NULL OR pg_collation_for(p_tenant_id) COLLATE "C" IS DISTINCT FROM '"default"'
        OR ((SELECT c.tenant_id FROM replaysafe._caller c) = p_tenant_id COLLATE "C") IS NOT TRUE THEN
-        PERFORM replaysafe._acts_for(p_tenant_id);
+        v_user := replaysafe._acts_for(p_tenant_id, p_grant);
     END IF;
+    PERFORM replaysafe._langgraph_user_thread(p_tenant_id, p_thread_id, v_user, true);
+    PERFORM replaysafe._durable();
 
     -- A put whose parent is the head (a run continuing: the common case) takes the
     -- namespace's lock by moving the head; no fork is possible, so no further reads.
@@ -354,13 +403,15 @@ CREATE OR REPLACE FUNCTION replaysafe.langgraph_put_writes(
     p_channels      text[],
     p_types         text[],
     p_blobs         bytea[],
-    p_replace       boolean DEFAULT false)
+    p_replace       boolean DEFAULT false,
+    p_grant         text    DEFAULT NULL)
 RETURNS integer
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    v_user    text;
     v_refused text[];
     v_count   integer;
 BEGIN
@@ -388,7 +439,9 @@ BEGIN
         PERFORM replaysafe._invalid('p_idx',
             'p_idx, p_channels, p_types and p_blobs must have no NULL element');
     END IF;
-    PERFORM replaysafe._acts_for(p_tenant_id);
+    v_user := replaysafe._acts_for(p_tenant_id, p_grant);
+    PERFORM replaysafe._langgraph_user_thread(p_tenant_id, p_thread_id, v_user, true);
+    PERFORM replaysafe._durable();
 
     v_refused := replaysafe._langgraph_namespace(p_tenant_id, p_thread_id, p_checkpoint_ns, false);
     IF p_checkpoint_id = ANY (v_refused) THEN
@@ -426,13 +479,15 @@ CREATE OR REPLACE FUNCTION replaysafe.langgraph_get_tuple(
     p_tenant_id     text,
     p_thread_id     text,
     p_checkpoint_ns text DEFAULT '',
-    p_checkpoint_id text DEFAULT NULL)
+    p_checkpoint_id text DEFAULT NULL,
+    p_grant         text DEFAULT NULL)
 RETURNS SETOF replaysafe.langgraph_checkpoint_record
 LANGUAGE plpgsql STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    v_user    text;
     v_id text := p_checkpoint_id;
 BEGIN
     IF (octet_length(p_tenant_id) BETWEEN 1 AND 1024 AND length(p_tenant_id) <= 512
@@ -442,13 +497,14 @@ BEGIN
         PERFORM replaysafe._langgraph_check_args(p_tenant_id, p_thread_id, p_checkpoint_ns);
     END IF;
     -- The tenant check's common case inline: a caller bound to p_tenant_id, per _caller
-    -- (which holds the security-restricted-operation probe). Anything else, and any argument
-    -- with a COLLATE clause, takes _acts_for's whole path (its answer or its error). Both
-    -- tests compare under "C" (see _acts_for).
-    IF pg_collation_for(p_tenant_id) COLLATE "C" IS DISTINCT FROM '"default"'
+    -- (which holds the security-restricted-operation probe), without a grant. Anything else,
+    -- and any argument with a COLLATE clause, takes _acts_for's whole path (its answer or its
+    -- error). Both tests compare under "C" (see _acts_for).
+    IF p_grant IS NOT NULL OR pg_collation_for(p_tenant_id) COLLATE "C" IS DISTINCT FROM '"default"'
        OR ((SELECT c.tenant_id FROM replaysafe._caller c) = p_tenant_id COLLATE "C") IS NOT TRUE THEN
-        PERFORM replaysafe._acts_for(p_tenant_id);
+        v_user := replaysafe._acts_for(p_tenant_id, p_grant);
     END IF;
+    PERFORM replaysafe._langgraph_user_thread(p_tenant_id, p_thread_id, v_user, false);
 
     IF v_id IS NULL THEN
         SELECT n.head INTO v_id FROM replaysafe.langgraph_namespaces n
@@ -504,12 +560,15 @@ CREATE OR REPLACE FUNCTION replaysafe.langgraph_list(
     p_checkpoint_id text    DEFAULT NULL,
     p_filter        jsonb   DEFAULT NULL,
     p_before        text    DEFAULT NULL,
-    p_limit         integer DEFAULT NULL)
+    p_limit         integer DEFAULT NULL,
+    p_grant         text    DEFAULT NULL)
 RETURNS SETOF replaysafe.langgraph_checkpoint_record
 LANGUAGE plpgsql STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    v_user text;
 BEGIN
     PERFORM replaysafe._check_id('p_tenant_id', p_tenant_id);
     PERFORM replaysafe._check_id('p_thread_id', p_thread_id, true);
@@ -519,7 +578,8 @@ BEGIN
     IF p_limit < 0 THEN
         PERFORM replaysafe._invalid('p_limit', 'must not be negative');
     END IF;
-    PERFORM replaysafe._acts_for(p_tenant_id);
+    v_user := replaysafe._acts_for(p_tenant_id, p_grant);
+    PERFORM replaysafe._langgraph_user_thread(p_tenant_id, p_thread_id, v_user, false);
 
     RETURN QUERY
     SELECT c.thread_id, c.checkpoint_ns, c.checkpoint_id::text, c.parent_checkpoint_id::text,
@@ -528,6 +588,9 @@ BEGIN
     FROM (SELECT * FROM replaysafe.langgraph_checkpoints x
           WHERE x.tenant_id = p_tenant_id
             AND (p_thread_id IS NULL OR x.thread_id = p_thread_id)
+            AND (v_user IS NULL OR x.thread_id IN (
+                     SELECT u.thread_id FROM replaysafe.langgraph_thread_users u
+                     WHERE u.tenant_id = p_tenant_id AND u.user_id = v_user))
             AND (p_checkpoint_ns IS NULL OR x.checkpoint_ns = p_checkpoint_ns)
             AND (p_checkpoint_id IS NULL OR x.checkpoint_id = p_checkpoint_id)
             AND (p_filter IS NULL OR x.metadata @> p_filter)
@@ -564,18 +627,21 @@ $$;
 
 -- Every checkpoint, value and pending write of a thread (all namespaces). False when it had none.
 -- Its namespaces are locked first: a put in flight is either deleted too or comes after.
-CREATE OR REPLACE FUNCTION replaysafe.langgraph_delete_thread(p_tenant_id text, p_thread_id text)
+CREATE OR REPLACE FUNCTION replaysafe.langgraph_delete_thread(p_tenant_id text, p_thread_id text,
+                                                             p_grant text DEFAULT NULL)
 RETURNS boolean
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    v_user    text;
     v_found boolean;
 BEGIN
     PERFORM replaysafe._check_id('p_tenant_id', p_tenant_id);
     PERFORM replaysafe._check_id('p_thread_id', p_thread_id);
-    PERFORM replaysafe._acts_for(p_tenant_id);
+    v_user := replaysafe._acts_for(p_tenant_id, p_grant);
+    PERFORM replaysafe._langgraph_user_thread(p_tenant_id, p_thread_id, v_user, false);
 
     PERFORM 1 FROM replaysafe.langgraph_namespaces n
     WHERE n.tenant_id = p_tenant_id AND n.thread_id = p_thread_id
@@ -598,13 +664,15 @@ $$;
 -- the values no other checkpoint uses. Values are collected only in a namespace whose lock is
 -- free (a put in flight may still use them; a later delete_for_runs or prune collects them).
 -- Returns the number of checkpoints deleted.
-CREATE OR REPLACE FUNCTION replaysafe.langgraph_delete_for_runs(p_tenant_id text, p_run_ids text[])
+CREATE OR REPLACE FUNCTION replaysafe.langgraph_delete_for_runs(p_tenant_id text, p_run_ids text[],
+                                                               p_grant text DEFAULT NULL)
 RETURNS integer
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    v_user    text;
     v_count   integer;
     v_threads text[];
     v_spaces  text[];
@@ -617,7 +685,7 @@ BEGIN
     IF p_run_ids IS NULL OR array_position(p_run_ids, NULL) IS NOT NULL THEN
         PERFORM replaysafe._invalid('p_run_ids', 'must be an array of run ids');
     END IF;
-    PERFORM replaysafe._acts_for(p_tenant_id);
+    v_user := replaysafe._acts_for(p_tenant_id, p_grant);
 
     -- The runs' namespaces locked first (waiting, in one order, as prune and delete_thread):
     -- a put or put_writes in flight there commits before its checkpoint, its pending writes
@@ -627,13 +695,19 @@ BEGIN
     WHERE n.tenant_id = p_tenant_id
       AND (n.thread_id, n.checkpoint_ns) IN (
           SELECT c.thread_id, c.checkpoint_ns FROM replaysafe.langgraph_checkpoints c
-          WHERE c.tenant_id = p_tenant_id AND c.run_id = ANY (p_run_ids))
+          WHERE c.tenant_id = p_tenant_id AND c.run_id = ANY (p_run_ids)
+            AND (v_user IS NULL OR c.thread_id IN (
+                     SELECT u.thread_id FROM replaysafe.langgraph_thread_users u
+                     WHERE u.tenant_id = p_tenant_id AND u.user_id = v_user)))
     ORDER BY n.thread_id, n.checkpoint_ns
     FOR NO KEY UPDATE;
 
     WITH d AS (
         DELETE FROM replaysafe.langgraph_checkpoints c
         WHERE c.tenant_id = p_tenant_id AND c.run_id = ANY (p_run_ids)
+          AND (v_user IS NULL OR c.thread_id IN (
+                   SELECT u.thread_id FROM replaysafe.langgraph_thread_users u
+                   WHERE u.tenant_id = p_tenant_id AND u.user_id = v_user))
         RETURNING c.thread_id, c.checkpoint_ns, c.checkpoint_id),
     w AS (
         DELETE FROM replaysafe.langgraph_writes x
@@ -675,19 +749,22 @@ $$;
 -- Copy every checkpoint, value and pending write of a thread to a thread that has none
 -- (RS005 when the target has checkpoints). Returns the number of checkpoints copied.
 CREATE OR REPLACE FUNCTION replaysafe.langgraph_copy_thread(p_tenant_id text, p_source_thread_id text,
-                                                 p_target_thread_id text)
+                                                 p_target_thread_id text, p_grant text DEFAULT NULL)
 RETURNS integer
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    v_user    text;
     v_count integer;
 BEGIN
     PERFORM replaysafe._check_id('p_tenant_id', p_tenant_id);
     PERFORM replaysafe._check_id('p_source_thread_id', p_source_thread_id);
     PERFORM replaysafe._check_id('p_target_thread_id', p_target_thread_id);
-    PERFORM replaysafe._acts_for(p_tenant_id);
+    v_user := replaysafe._acts_for(p_tenant_id, p_grant);
+    PERFORM replaysafe._langgraph_user_thread(p_tenant_id, p_source_thread_id, v_user, false);
+    PERFORM replaysafe._langgraph_user_thread(p_tenant_id, p_target_thread_id, v_user, true);
     IF p_source_thread_id = p_target_thread_id THEN
         RETURN 0;
     END IF;
@@ -732,13 +809,15 @@ $$;
 -- pending writes and the values it uses), "delete" removes everything. Returns the number
 -- of checkpoints deleted.
 CREATE OR REPLACE FUNCTION replaysafe.langgraph_prune(p_tenant_id text, p_thread_ids text[],
-                                           p_strategy text DEFAULT 'keep_latest')
+                                           p_strategy text DEFAULT 'keep_latest',
+                                           p_grant text DEFAULT NULL)
 RETURNS integer
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    v_user    text;
     v_count integer := 0;
     v_n     integer;
     v_head  text;
@@ -752,7 +831,9 @@ BEGIN
         PERFORM replaysafe._invalid('p_strategy', 'must be keep_latest or delete (got '
             || coalesce(p_strategy, 'NULL') || ')');
     END IF;
-    PERFORM replaysafe._acts_for(p_tenant_id);
+    v_user := replaysafe._acts_for(p_tenant_id, p_grant);
+    PERFORM replaysafe._langgraph_user_thread(p_tenant_id, t, v_user, false)
+    FROM unnest(p_thread_ids) t;
 
     IF p_strategy = 'delete' THEN
         -- Locked first, as delete_thread.

@@ -80,7 +80,8 @@ CREATE OR REPLACE FUNCTION replaysafe.claim_action(
     p_thread_id   text        DEFAULT NULL,
     p_on_expired  text        DEFAULT 'unknown',
     p_now         timestamptz DEFAULT clock_timestamp(),
-    p_claim_token text        DEFAULT NULL)
+    p_claim_token text        DEFAULT NULL,
+    p_grant       text        DEFAULT NULL)
 RETURNS replaysafe.claim_record
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -126,15 +127,15 @@ BEGIN
         PERFORM replaysafe._invalid('p_on_expired', 'must be ''unknown'' or ''reclaim''');
     END IF;
     IF (p_now BETWEEN clock_timestamp() - interval '5 minutes' AND clock_timestamp()) IS NOT TRUE THEN
-        p_now := replaysafe._check_now(p_now);
+        p_now := replaysafe._check_now(p_now, p_grant);
     END IF;
     -- The tenant check's common case inline: a caller bound to p_tenant_id, per _caller
-    -- (which holds the security-restricted-operation probe). Anything else, and any argument
-    -- with a COLLATE clause, takes _acts_for's whole path (its answer or its error). Both
-    -- tests compare under "C" (see _acts_for).
-    IF pg_collation_for(p_tenant_id) COLLATE "C" IS DISTINCT FROM '"default"'
+    -- (which holds the security-restricted-operation probe), without a grant. Anything else,
+    -- and any argument with a COLLATE clause, takes _acts_for's whole path (its answer or its
+    -- error). Both tests compare under "C" (see _acts_for).
+    IF p_grant IS NOT NULL OR pg_collation_for(p_tenant_id) COLLATE "C" IS DISTINCT FROM '"default"'
        OR ((SELECT c.tenant_id FROM replaysafe._caller c) = p_tenant_id COLLATE "C") IS NOT TRUE THEN
-        PERFORM replaysafe._acts_for(p_tenant_id);
+        PERFORM replaysafe._acts_for(p_tenant_id, p_grant, '{worker}');
     END IF;
 
     IF p_claim_token IS NOT NULL THEN
@@ -184,6 +185,7 @@ BEGIN
             ELSE encode(sha256(v_tokens || sha256(v_tokens || convert_to(
                 length(p_tenant_id)::text || ':' || p_tenant_id || length(p_action_key)::text
                 || ':' || p_action_key || '1:' || p_claim_token, 'UTF8'))), 'hex') END;
+        PERFORM replaysafe._durable();
         INSERT INTO replaysafe.actions AS x (
             tenant_id, action_key, thread_id, operation, request, state, attempt, on_expired,
             idempotency_key, worker_id, lease_expires_at, created_at, updated_at,
@@ -207,7 +209,7 @@ BEGIN
 
     RETURN replaysafe._claim_locked(p_tenant_id, p_action_key, p_operation, p_request,
                                     p_worker_id, p_lease, p_thread_id, p_on_expired, p_now,
-                                    p_claim_token);
+                                    p_claim_token, p_grant);
 END
 $$;
 
@@ -217,7 +219,7 @@ $$;
 CREATE OR REPLACE FUNCTION replaysafe._claim_locked(
     p_tenant_id text, p_action_key text, p_operation text, p_request jsonb,
     p_worker_id text, p_lease interval, p_thread_id text, p_on_expired text, p_now timestamptz,
-    p_claim_token text)
+    p_claim_token text, p_grant text)
 RETURNS replaysafe.claim_record
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -229,6 +231,7 @@ DECLARE
     v_hash     bytea := CASE WHEN p_claim_token IS NOT NULL
                              THEN sha256(convert_to(p_claim_token, 'UTF8')) END;
 BEGIN
+    PERFORM replaysafe._durable();
     SELECT * INTO a FROM replaysafe.actions x
     WHERE x.tenant_id = p_tenant_id AND x.action_key = p_action_key
     FOR UPDATE;
@@ -236,7 +239,7 @@ BEGIN
         -- Purged between our reads (it was terminal): it is new again.
         RETURN replaysafe.claim_action(p_tenant_id, p_action_key, p_operation, p_request,
                                        p_worker_id, p_lease, p_thread_id, p_on_expired, p_now,
-                                       p_claim_token);
+                                       p_claim_token, p_grant);
     END IF;
     IF a.operation <> p_operation OR a.request <> p_request THEN
         PERFORM replaysafe._raise('RS001', format(
@@ -331,7 +334,8 @@ CREATE OR REPLACE FUNCTION replaysafe.claim_actions(
     p_thread_id   text        DEFAULT NULL,
     p_on_expired  text        DEFAULT 'unknown',
     p_now         timestamptz DEFAULT clock_timestamp(),
-    p_claim_tokens text[]     DEFAULT NULL)
+    p_claim_tokens text[]     DEFAULT NULL,
+    p_grant       text        DEFAULT NULL)
 RETURNS SETOF replaysafe.claim_record
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -367,11 +371,15 @@ BEGIN
     IF (SELECT count(DISTINCT k) FROM unnest(p_action_keys) k) <> n THEN
         PERFORM replaysafe._invalid('p_action_keys', 'must not repeat a key');
     END IF;
-    -- Each claim_action call checks its arguments, the tenant and the time.
+    IF n = 0 THEN  -- no claim_action call to check the tenant (and the grant): here
+        PERFORM replaysafe._check_id('p_tenant_id', p_tenant_id);
+        PERFORM replaysafe._acts_for(p_tenant_id, p_grant);
+    END IF;
+    -- Each claim_action call checks its arguments, the tenant (and the grant) and the time.
     FOR i IN SELECT o FROM unnest(p_action_keys) WITH ORDINALITY AS u(k, o) ORDER BY k LOOP
         results[i] := replaysafe.claim_action(p_tenant_id, p_action_keys[i], p_operations[i],
                                               p_requests[i], p_worker_id, p_lease, p_thread_id,
-                                              p_on_expired, p_now, p_claim_tokens[i]);
+                                              p_on_expired, p_now, p_claim_tokens[i], p_grant);
     END LOOP;
     RETURN QUERY SELECT * FROM unnest(results);
 END

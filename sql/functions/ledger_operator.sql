@@ -13,7 +13,8 @@ CREATE OR REPLACE FUNCTION replaysafe.resolve_action(
     p_provider_reference text        DEFAULT NULL,
     p_note               text        DEFAULT NULL,
     p_now                timestamptz DEFAULT clock_timestamp(),
-    p_expected_attempt   integer     DEFAULT NULL)
+    p_expected_attempt   integer     DEFAULT NULL,
+    p_grant              text        DEFAULT NULL)
 RETURNS replaysafe.action_state
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -24,8 +25,10 @@ DECLARE
     v_old     replaysafe.action_state;
     v_attempt integer;
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM replaysafe._caller_scope c WHERE c.owner_or_operator) THEN
-        -- EXECUTE is the operators'; a grant to another role by mistake must not open it.
+    IF p_grant IS NULL AND NOT EXISTS (SELECT 1 FROM replaysafe._caller_scope c
+                                       WHERE c.owner_or_operator) THEN
+        -- EXECUTE is the operators'; a grant to another role by mistake must not open it (with
+        -- a tenant grant, the grant's and the role's duties are checked with the tenant).
         PERFORM replaysafe._raise('RS004', 'access denied: settling, reopening and purging are '
                                            'replaysafe_operator''s duty');
     END IF;
@@ -42,9 +45,10 @@ BEGIN
         PERFORM replaysafe._invalid('p_expected_attempt', 'must be a positive attempt number');
     END IF;
     IF (p_now BETWEEN clock_timestamp() - interval '5 minutes' AND clock_timestamp()) IS NOT TRUE THEN
-        p_now := replaysafe._check_now(p_now);
+        p_now := replaysafe._check_now(p_now, p_grant);
     END IF;
-    PERFORM replaysafe._acts_for(p_tenant_id);
+    PERFORM replaysafe._acts_for(p_tenant_id, p_grant, '{operator}');
+    PERFORM replaysafe._durable();
     v_state := p_state::replaysafe.action_state;
 
     SELECT x.state, x.attempt INTO v_old, v_attempt FROM replaysafe.actions x
@@ -81,7 +85,8 @@ CREATE OR REPLACE FUNCTION replaysafe.reopen_action(
     p_tenant_id  text,
     p_action_key text,
     p_note       text,
-    p_now        timestamptz DEFAULT clock_timestamp())
+    p_now        timestamptz DEFAULT clock_timestamp(),
+    p_grant      text        DEFAULT NULL)
 RETURNS replaysafe.action_state
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -90,8 +95,10 @@ AS $$
 DECLARE
     v_old replaysafe.action_state;
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM replaysafe._caller_scope c WHERE c.owner_or_operator) THEN
-        -- EXECUTE is the operators'; a grant to another role by mistake must not open it.
+    IF p_grant IS NULL AND NOT EXISTS (SELECT 1 FROM replaysafe._caller_scope c
+                                       WHERE c.owner_or_operator) THEN
+        -- EXECUTE is the operators'; a grant to another role by mistake must not open it (with
+        -- a tenant grant, the grant's and the role's duties are checked with the tenant).
         PERFORM replaysafe._raise('RS004', 'access denied: settling, reopening and purging are '
                                            'replaysafe_operator''s duty');
     END IF;
@@ -101,9 +108,10 @@ BEGIN
         PERFORM replaysafe._invalid('p_note', 'must say why the action may run again');
     END IF;
     IF (p_now BETWEEN clock_timestamp() - interval '5 minutes' AND clock_timestamp()) IS NOT TRUE THEN
-        p_now := replaysafe._check_now(p_now);
+        p_now := replaysafe._check_now(p_now, p_grant);
     END IF;
-    PERFORM replaysafe._acts_for(p_tenant_id);
+    PERFORM replaysafe._acts_for(p_tenant_id, p_grant, '{operator}');
+    PERFORM replaysafe._durable();
 
     SELECT x.state INTO v_old FROM replaysafe.actions x
     WHERE x.tenant_id = p_tenant_id AND x.action_key = p_action_key
@@ -124,13 +132,40 @@ BEGIN
 END
 $$;
 
+-- The tenants a sweep or purge acts for: p_tenant_id (or, under a grant, the grant's tenant)
+-- when given, which the caller must act for (RS004 otherwise); else the caller's own tenant,
+-- or every tenant for the unbound schema owner; else none.
+CREATE OR REPLACE FUNCTION replaysafe._sweep_scope(p_tenant_id text, p_grant text, p_duties text[],
+                                                   OUT tenant_id text, OUT acts_for_all boolean)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    acts_for_all := false;
+    IF p_grant IS NOT NULL THEN
+        tenant_id := replaysafe._acts_with_grant(p_tenant_id, p_grant, p_duties) ->> 'tid';
+        RETURN;
+    END IF;
+    IF p_tenant_id IS NOT NULL THEN
+        PERFORM replaysafe._check_id('p_tenant_id', p_tenant_id);
+        PERFORM replaysafe._acts_for(p_tenant_id);
+        tenant_id := p_tenant_id;
+        RETURN;
+    END IF;
+    SELECT c.tenant_id, c.acts_for_all INTO tenant_id, acts_for_all FROM replaysafe._caller_scope c;
+END
+$$;
+
 -- Expired running leases become unknown (or retryable under on_expired = 'reclaim'), for
--- the caller's tenant (every tenant for the unbound schema owner). Rows locked by a
+-- the caller's tenant (every tenant for the unbound schema owner, or p_tenant_id; under a
+-- grant, the grant's tenant: _sweep_scope). Rows locked by a
 -- concurrent claim or report are skipped: that caller decides them. As a claim, a sweep
 -- takes over only leases that had expired before its transaction began (p_now's frame).
 CREATE OR REPLACE FUNCTION replaysafe.sweep_expired_actions(
-    p_limit integer     DEFAULT 1000,
-    p_now   timestamptz DEFAULT clock_timestamp())
+    p_limit     integer     DEFAULT 1000,
+    p_now       timestamptz DEFAULT clock_timestamp(),
+    p_tenant_id text        DEFAULT NULL,
+    p_grant     text        DEFAULT NULL)
 RETURNS integer
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -149,9 +184,10 @@ BEGIN
         PERFORM replaysafe._invalid('p_limit', 'must be a positive integer');
     END IF;
     IF (p_now BETWEEN clock_timestamp() - interval '5 minutes' AND clock_timestamp()) IS NOT TRUE THEN
-        p_now := replaysafe._check_now(p_now);
+        p_now := replaysafe._check_now(p_now, p_grant);
     END IF;
-    SELECT c.tenant_id, c.acts_for_all INTO v_tenant, v_all FROM replaysafe._caller_scope c;
+    SELECT t.tenant_id, t.acts_for_all INTO v_tenant, v_all
+    FROM replaysafe._sweep_scope(p_tenant_id, p_grant, '{worker,operator}') t;
     IF v_tenant IS NULL AND NOT v_all THEN
         RETURN 0;
     END IF;
@@ -211,13 +247,16 @@ END
 $$;
 
 -- Delete terminal actions (and their attempts) finished before p_now - p_older_than, of the
--- caller's tenant (every tenant for the unbound schema owner). Batched by p_limit; never
+-- caller's tenant (every tenant for the unbound schema owner, or p_tenant_id; under a grant,
+-- the grant's tenant: _sweep_scope). Batched by p_limit; never
 -- touches running, unknown or retryable actions. replaysafe_operator only: once purged, a
 -- key would run again.
 CREATE OR REPLACE FUNCTION replaysafe.purge_actions(
     p_older_than interval,
     p_limit      integer     DEFAULT 10000,
-    p_now        timestamptz DEFAULT clock_timestamp())
+    p_now        timestamptz DEFAULT clock_timestamp(),
+    p_tenant_id  text        DEFAULT NULL,
+    p_grant      text        DEFAULT NULL)
 RETURNS integer
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -230,8 +269,10 @@ DECLARE
     v_tenants text[];
     v_actions text[];
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM replaysafe._caller_scope c WHERE c.owner_or_operator) THEN
-        -- EXECUTE is the operators'; a grant to another role by mistake must not open it.
+    IF p_grant IS NULL AND NOT EXISTS (SELECT 1 FROM replaysafe._caller_scope c
+                                       WHERE c.owner_or_operator) THEN
+        -- EXECUTE is the operators'; a grant to another role by mistake must not open it (with
+        -- a tenant grant, the grant's and the role's duties are checked with the tenant).
         PERFORM replaysafe._raise('RS004', 'access denied: settling, reopening and purging are '
                                            'replaysafe_operator''s duty');
     END IF;
@@ -242,9 +283,10 @@ BEGIN
         PERFORM replaysafe._invalid('p_limit', 'must be a positive integer');
     END IF;
     IF (p_now BETWEEN clock_timestamp() - interval '5 minutes' AND clock_timestamp()) IS NOT TRUE THEN
-        p_now := replaysafe._check_now(p_now);
+        p_now := replaysafe._check_now(p_now, p_grant);
     END IF;
-    SELECT c.tenant_id, c.acts_for_all INTO v_tenant, v_all FROM replaysafe._caller_scope c;
+    SELECT t.tenant_id, t.acts_for_all INTO v_tenant, v_all
+    FROM replaysafe._sweep_scope(p_tenant_id, p_grant, '{operator}') t;
     IF v_tenant IS NULL AND NOT v_all THEN
         RETURN 0;
     END IF;

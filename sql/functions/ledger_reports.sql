@@ -48,7 +48,8 @@ CREATE OR REPLACE FUNCTION replaysafe.heartbeat_action(
     p_attempt       integer,
     p_attempt_token text,
     p_lease         interval    DEFAULT '30 seconds',
-    p_now           timestamptz DEFAULT clock_timestamp())
+    p_now           timestamptz DEFAULT clock_timestamp(),
+    p_grant         text        DEFAULT NULL)
 RETURNS timestamptz
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -79,15 +80,15 @@ BEGIN
         PERFORM replaysafe._invalid('p_lease', 'must be a positive interval of at most 7 days');
     END IF;
     IF (p_now BETWEEN clock_timestamp() - interval '5 minutes' AND clock_timestamp()) IS NOT TRUE THEN
-        p_now := replaysafe._check_now(p_now);
+        p_now := replaysafe._check_now(p_now, p_grant);
     END IF;
     -- The tenant check's common case inline: a caller bound to p_tenant_id, per _caller
-    -- (which holds the security-restricted-operation probe). Anything else, and any argument
-    -- with a COLLATE clause, takes _acts_for's whole path (its answer or its error). Both
-    -- tests compare under "C" (see _acts_for).
-    IF pg_collation_for(p_tenant_id) COLLATE "C" IS DISTINCT FROM '"default"'
+    -- (which holds the security-restricted-operation probe), without a grant. Anything else,
+    -- and any argument with a COLLATE clause, takes _acts_for's whole path (its answer or its
+    -- error). Both tests compare under "C" (see _acts_for).
+    IF p_grant IS NOT NULL OR pg_collation_for(p_tenant_id) COLLATE "C" IS DISTINCT FROM '"default"'
        OR ((SELECT c.tenant_id FROM replaysafe._caller c) = p_tenant_id COLLATE "C") IS NOT TRUE THEN
-        PERFORM replaysafe._acts_for(p_tenant_id);
+        PERFORM replaysafe._acts_for(p_tenant_id, p_grant, '{worker}', true);
     END IF;
 
     -- state compared as text: see _report.
@@ -124,7 +125,8 @@ CREATE OR REPLACE FUNCTION replaysafe._report(
     p_result             jsonb,
     p_error              jsonb,
     p_provider_reference text,
-    p_now                timestamptz)
+    p_now                timestamptz,
+    p_grant              text)
 RETURNS text
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -152,17 +154,18 @@ BEGIN
     END IF;
     v_hash := sha256(convert_to(p_attempt_token, 'UTF8'));
     IF (p_now BETWEEN clock_timestamp() - interval '5 minutes' AND clock_timestamp()) IS NOT TRUE THEN
-        p_now := replaysafe._check_now(p_now);
+        p_now := replaysafe._check_now(p_now, p_grant);
     END IF;
     -- The tenant check's common case inline: a caller bound to p_tenant_id, per _caller
-    -- (which holds the security-restricted-operation probe). Anything else, and any argument
-    -- with a COLLATE clause, takes _acts_for's whole path (its answer or its error). Both
-    -- tests compare under "C" (see _acts_for).
-    IF pg_collation_for(p_tenant_id) COLLATE "C" IS DISTINCT FROM '"default"'
+    -- (which holds the security-restricted-operation probe), without a grant. Anything else,
+    -- and any argument with a COLLATE clause, takes _acts_for's whole path (its answer or its
+    -- error). Both tests compare under "C" (see _acts_for).
+    IF p_grant IS NOT NULL OR pg_collation_for(p_tenant_id) COLLATE "C" IS DISTINCT FROM '"default"'
        OR ((SELECT c.tenant_id FROM replaysafe._caller c) = p_tenant_id COLLATE "C") IS NOT TRUE THEN
-        PERFORM replaysafe._acts_for(p_tenant_id);
+        PERFORM replaysafe._acts_for(p_tenant_id, p_grant, '{worker}', true);
     END IF;
 
+    PERFORM replaysafe._durable();
     -- Hot path: the attempt still holds the action. The state is compared as text so the
     -- planner cannot pick the partial index of running rows (a walk over every running
     -- lease and every dead entry left since the last vacuum) over the primary key.
@@ -242,7 +245,8 @@ CREATE OR REPLACE FUNCTION replaysafe.complete_action(
     p_attempt_token      text,
     p_result             jsonb,
     p_provider_reference text        DEFAULT NULL,
-    p_now                timestamptz DEFAULT clock_timestamp())
+    p_now                timestamptz DEFAULT clock_timestamp(),
+    p_grant              text        DEFAULT NULL)
 RETURNS text
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -253,7 +257,7 @@ BEGIN
         PERFORM replaysafe._invalid('p_result', 'must not be NULL (use the JSON value null)');
     END IF;
     RETURN replaysafe._report(p_tenant_id, p_action_key, p_attempt, p_attempt_token, 'succeeded',
-                              p_result, NULL, p_provider_reference, p_now);
+                              p_result, NULL, p_provider_reference, p_now, p_grant);
 END
 $$;
 
@@ -264,7 +268,8 @@ CREATE OR REPLACE FUNCTION replaysafe.fail_action(
     p_attempt_token text,
     p_error         jsonb,
     p_retryable     boolean     DEFAULT false,
-    p_now           timestamptz DEFAULT clock_timestamp())
+    p_now           timestamptz DEFAULT clock_timestamp(),
+    p_grant         text        DEFAULT NULL)
 RETURNS text
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -279,7 +284,7 @@ BEGIN
     END IF;
     RETURN replaysafe._report(p_tenant_id, p_action_key, p_attempt, p_attempt_token,
                               CASE WHEN p_retryable THEN 'retryable' ELSE 'failed' END::replaysafe.action_state,
-                              NULL, p_error, NULL, p_now);
+                              NULL, p_error, NULL, p_now, p_grant);
 END
 $$;
 
@@ -289,7 +294,8 @@ CREATE OR REPLACE FUNCTION replaysafe.mark_action_unknown(
     p_attempt       integer,
     p_attempt_token text,
     p_error         jsonb,
-    p_now           timestamptz DEFAULT clock_timestamp())
+    p_now           timestamptz DEFAULT clock_timestamp(),
+    p_grant         text        DEFAULT NULL)
 RETURNS text
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -300,6 +306,6 @@ BEGIN
         PERFORM replaysafe._invalid('p_error', 'must not be NULL');
     END IF;
     RETURN replaysafe._report(p_tenant_id, p_action_key, p_attempt, p_attempt_token, 'unknown',
-                              NULL, p_error, NULL, p_now);
+                              NULL, p_error, NULL, p_now, p_grant);
 END
 $$;

@@ -29,9 +29,14 @@ END
 $$;
 
 -- RS004 unless the caller may act for p_tenant_id: its own tenant when bound; any tenant
--- for the unbound schema owner (see _caller_scope); nothing for anyone else.
-CREATE OR REPLACE FUNCTION replaysafe._acts_for(p_tenant_id text)
-RETURNS void
+-- for the unbound schema owner (see _caller_scope); nothing for anyone else. With a tenant
+-- grant, what the grant allows in one of p_duties (_acts_with_grant, sql/functions/
+-- tenant_grants.sql), and the grant's user is returned; otherwise NULL. p_report: a heartbeat
+-- or report, which a grant that expired since the claim still authorises (see there).
+CREATE OR REPLACE FUNCTION replaysafe._acts_for(p_tenant_id text, p_grant text DEFAULT NULL,
+                                                p_duties text[] DEFAULT '{worker}',
+                                                p_report boolean DEFAULT false)
+RETURNS text
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -39,6 +44,9 @@ DECLARE
     v_tenant text;
     v_role   text;
 BEGIN
+    IF p_grant IS NOT NULL THEN
+        RETURN replaysafe._acts_with_grant(p_tenant_id, p_grant, p_duties, p_report) ->> 'sub';
+    END IF;
     -- Every collatable argument of a PL/pgSQL call shares the collation of the call's
     -- arguments, and it wins over the columns' in every comparison in the function: a
     -- caller's nondeterministic collation (a case-insensitive one in pg_temp, say) on any
@@ -52,7 +60,7 @@ BEGIN
     END IF;
     SELECT c.tenant_id, c.role_name INTO v_tenant, v_role FROM replaysafe._caller c;
     IF v_tenant = p_tenant_id COLLATE "C" THEN
-        RETURN;
+        RETURN NULL;
     END IF;
     IF v_tenant IS NULL THEN
         -- The schema owner itself, the common unbound caller, without _caller_scope's
@@ -60,13 +68,14 @@ BEGIN
         IF to_regrole(quote_ident(v_role))::oid
                = (SELECT n.nspowner FROM pg_namespace n WHERE n.nspname = 'replaysafe')
            AND NOT replaysafe._in_restricted_operation() THEN
-            RETURN;
+            RETURN NULL;
         END IF;
         IF EXISTS (SELECT 1 FROM replaysafe._caller_scope s WHERE s.acts_for_all) THEN
-            RETURN;
+            RETURN NULL;
         END IF;
     END IF;
     PERFORM replaysafe._raise('RS004', 'access denied: this role may not act for that tenant');
+    RETURN NULL;
 END
 $$;
 
@@ -89,7 +98,8 @@ BEGIN
         PERFORM replaysafe._invalid('p_role', 'must name an existing role');
     END IF;
     -- Bound, a group role would hand its tenant to every member that SETs ROLE to it.
-    IF p_role IN ('replaysafe_worker', 'replaysafe_operator', 'replaysafe_auditor') THEN
+    IF p_role IN ('replaysafe_worker', 'replaysafe_operator', 'replaysafe_auditor',
+                  'replaysafe_issuer') THEN
         PERFORM replaysafe._invalid('p_role', 'must not be one of the group roles (bind their members)');
     END IF;
     PERFORM replaysafe._check_id('p_tenant_id', p_tenant_id);

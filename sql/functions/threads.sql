@@ -1,6 +1,8 @@
 -- ---------------------------------------------------------------------------------------
 -- Versioned thread state: compare-and-swap writes, bounded history, ownership by user id,
--- tombstones that keep the version counter.
+-- tombstones that keep the version counter. Under a tenant grant that names a user,
+-- p_user_id is that user (or omitted) and only that user's own threads are reachable (not
+-- the tenant's shared ones).
 -- ---------------------------------------------------------------------------------------
 
 -- Slow path of the thread functions' argument check: name the offending argument.
@@ -46,15 +48,17 @@ $$;
 CREATE OR REPLACE FUNCTION replaysafe.read_thread(
     p_tenant_id text,
     p_thread_id text,
-    p_user_id   text DEFAULT NULL)
+    p_user_id   text DEFAULT NULL,
+    p_grant     text DEFAULT NULL)
 RETURNS SETOF replaysafe.thread_record
 LANGUAGE plpgsql STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    t replaysafe.threads;
-    r replaysafe.thread_record;
+    t            replaysafe.threads;
+    r            replaysafe.thread_record;
+    v_grant_user text;
 BEGIN
     IF (octet_length(p_tenant_id) BETWEEN 1 AND 1024 AND length(p_tenant_id) <= 512
         AND octet_length(p_thread_id) BETWEEN 1 AND 1024 AND length(p_thread_id) <= 512
@@ -64,12 +68,15 @@ BEGIN
         PERFORM replaysafe._check_thread_args(p_tenant_id, p_thread_id, p_user_id);
     END IF;
     -- The tenant check's common case inline: a caller bound to p_tenant_id, per _caller
-    -- (which holds the security-restricted-operation probe). Anything else, and any argument
-    -- with a COLLATE clause, takes _acts_for's whole path (its answer or its error). Both
-    -- tests compare under "C" (see _acts_for).
-    IF pg_collation_for(p_tenant_id) COLLATE "C" IS DISTINCT FROM '"default"'
+    -- (which holds the security-restricted-operation probe), without a grant. Anything else,
+    -- and any argument with a COLLATE clause, takes _acts_for's whole path (its answer or its
+    -- error). Both tests compare under "C" (see _acts_for).
+    IF p_grant IS NOT NULL OR pg_collation_for(p_tenant_id) COLLATE "C" IS DISTINCT FROM '"default"'
        OR ((SELECT c.tenant_id FROM replaysafe._caller c) = p_tenant_id COLLATE "C") IS NOT TRUE THEN
-        PERFORM replaysafe._acts_for(p_tenant_id);
+        v_grant_user := replaysafe._acts_for(p_tenant_id, p_grant);
+    END IF;
+    IF p_grant IS NOT NULL THEN
+        p_user_id := replaysafe._grant_user(v_grant_user, p_user_id);
     END IF;
 
     SELECT * INTO t FROM replaysafe.threads x
@@ -79,7 +86,7 @@ BEGIN
         RETURN NEXT r;
         RETURN;
     END IF;
-    IF t.user_id IS NOT NULL AND t.user_id IS DISTINCT FROM p_user_id THEN
+    IF (t.user_id IS NOT NULL OR v_grant_user IS NOT NULL) AND t.user_id IS DISTINCT FROM p_user_id THEN
         PERFORM replaysafe._deny_thread();
     END IF;
     r.version := t.version;
@@ -102,7 +109,8 @@ CREATE OR REPLACE FUNCTION replaysafe.write_thread(
     p_expected_version bigint,
     p_state            jsonb,
     p_user_id          text    DEFAULT NULL,
-    p_history_limit    integer DEFAULT NULL)
+    p_history_limit    integer DEFAULT NULL,
+    p_grant            text    DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -114,6 +122,7 @@ DECLARE
     v_limit   integer;
     v_oldest  bigint;
     v_now     timestamptz := clock_timestamp();
+    v_grant_user text;
 BEGIN
     IF (octet_length(p_tenant_id) BETWEEN 1 AND 1024 AND length(p_tenant_id) <= 512
         AND octet_length(p_thread_id) BETWEEN 1 AND 1024 AND length(p_thread_id) <= 512
@@ -135,14 +144,18 @@ BEGIN
             'must be a positive number of versions (got ' || p_history_limit || ')');
     END IF;
     -- The tenant check's common case inline: a caller bound to p_tenant_id, per _caller
-    -- (which holds the security-restricted-operation probe). Anything else, and any argument
-    -- with a COLLATE clause, takes _acts_for's whole path (its answer or its error). Both
-    -- tests compare under "C" (see _acts_for).
-    IF pg_collation_for(p_tenant_id) COLLATE "C" IS DISTINCT FROM '"default"'
+    -- (which holds the security-restricted-operation probe), without a grant. Anything else,
+    -- and any argument with a COLLATE clause, takes _acts_for's whole path (its answer or its
+    -- error). Both tests compare under "C" (see _acts_for).
+    IF p_grant IS NOT NULL OR pg_collation_for(p_tenant_id) COLLATE "C" IS DISTINCT FROM '"default"'
        OR ((SELECT c.tenant_id FROM replaysafe._caller c) = p_tenant_id COLLATE "C") IS NOT TRUE THEN
-        PERFORM replaysafe._acts_for(p_tenant_id);
+        v_grant_user := replaysafe._acts_for(p_tenant_id, p_grant);
+    END IF;
+    IF p_grant IS NOT NULL THEN
+        p_user_id := replaysafe._grant_user(v_grant_user, p_user_id);
     END IF;
 
+    PERFORM replaysafe._durable();
     IF p_expected_version = 0 THEN
         INSERT INTO replaysafe.threads AS x (
             tenant_id, thread_id, user_id, version, history_limit, oldest_kept, created_at,
@@ -162,7 +175,7 @@ BEGIN
     -- because every change of a head row bumps its version.
     SELECT * INTO t FROM replaysafe.threads x
     WHERE x.tenant_id = p_tenant_id AND x.thread_id = p_thread_id;
-    IF FOUND AND t.user_id IS NOT NULL AND t.user_id IS DISTINCT FROM p_user_id THEN
+    IF FOUND AND (t.user_id IS NOT NULL OR v_grant_user IS NOT NULL) AND t.user_id IS DISTINCT FROM p_user_id THEN
         PERFORM replaysafe._deny_thread();
     END IF;
     IF NOT FOUND OR t.version <> p_expected_version THEN
@@ -201,14 +214,16 @@ CREATE OR REPLACE FUNCTION replaysafe.thread_history(
     p_tenant_id text,
     p_thread_id text,
     p_user_id   text    DEFAULT NULL,
-    p_limit     integer DEFAULT 100)
+    p_limit     integer DEFAULT 100,
+    p_grant     text    DEFAULT NULL)
 RETURNS TABLE (version bigint, state jsonb, created_at timestamptz)
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_owner text;
+    v_owner      text;
+    v_grant_user text;
 BEGIN
     IF (octet_length(p_tenant_id) BETWEEN 1 AND 1024 AND length(p_tenant_id) <= 512
         AND octet_length(p_thread_id) BETWEEN 1 AND 1024 AND length(p_thread_id) <= 512
@@ -220,14 +235,17 @@ BEGIN
     IF p_limit IS NULL OR p_limit < 1 THEN
         PERFORM replaysafe._invalid('p_limit', 'must be a positive integer');
     END IF;
-    PERFORM replaysafe._acts_for(p_tenant_id);
+    v_grant_user := replaysafe._acts_for(p_tenant_id, p_grant);
+    IF p_grant IS NOT NULL THEN
+        p_user_id := replaysafe._grant_user(v_grant_user, p_user_id);
+    END IF;
 
     SELECT t.user_id INTO v_owner FROM replaysafe.threads t
     WHERE t.tenant_id = p_tenant_id AND t.thread_id = p_thread_id;
     IF NOT FOUND THEN
         RETURN;
     END IF;
-    IF v_owner IS NOT NULL AND v_owner IS DISTINCT FROM p_user_id THEN
+    IF (v_owner IS NOT NULL OR v_grant_user IS NOT NULL) AND v_owner IS DISTINCT FROM p_user_id THEN
         PERFORM replaysafe._deny_thread();
     END IF;
 
@@ -245,14 +263,16 @@ $$;
 CREATE OR REPLACE FUNCTION replaysafe.delete_thread(
     p_tenant_id text,
     p_thread_id text,
-    p_user_id   text DEFAULT NULL)
+    p_user_id   text DEFAULT NULL,
+    p_grant     text DEFAULT NULL)
 RETURNS boolean
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    t replaysafe.threads;
+    t            replaysafe.threads;
+    v_grant_user text;
 BEGIN
     IF (octet_length(p_tenant_id) BETWEEN 1 AND 1024 AND length(p_tenant_id) <= 512
         AND octet_length(p_thread_id) BETWEEN 1 AND 1024 AND length(p_thread_id) <= 512
@@ -261,7 +281,10 @@ BEGIN
        IS NOT TRUE THEN
         PERFORM replaysafe._check_thread_args(p_tenant_id, p_thread_id, p_user_id);
     END IF;
-    PERFORM replaysafe._acts_for(p_tenant_id);
+    v_grant_user := replaysafe._acts_for(p_tenant_id, p_grant);
+    IF p_grant IS NOT NULL THEN
+        p_user_id := replaysafe._grant_user(v_grant_user, p_user_id);
+    END IF;
 
     -- Ownership first, without a lock: a refused caller must not block the owner.
     SELECT * INTO t FROM replaysafe.threads x
@@ -269,7 +292,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    IF t.user_id IS NOT NULL AND t.user_id IS DISTINCT FROM p_user_id THEN
+    IF (t.user_id IS NOT NULL OR v_grant_user IS NOT NULL) AND t.user_id IS DISTINCT FROM p_user_id THEN
         PERFORM replaysafe._deny_thread();
     END IF;
 

@@ -92,3 +92,13 @@ CREATE TYPE replaysafe.langgraph_put_record AS (
     -- The newest checkpoint of the thread and namespace after the call.
     head_checkpoint_id text
 );
+
+-- The user a thread belongs to, for threads first stored into under a tenant grant that
+-- names a user (only that user's grants reach them); other threads are the whole tenant's.
+CREATE TABLE replaysafe.langgraph_thread_users (
+    tenant_id text NOT NULL,
+    thread_id text NOT NULL,
+    user_id   text NOT NULL,
+    PRIMARY KEY (tenant_id, thread_id)
+);
+ALTER TABLE replaysafe.langgraph_thread_users ENABLE ROW LEVEL SECURITY;

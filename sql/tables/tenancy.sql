@@ -31,16 +31,48 @@ CREATE TABLE replaysafe.role_bindings (
 -- wake-up payloads), so nobody who lacks it can confirm a guessed (tenant, key) pair;
 -- token_secret derives the attempt token of a claim made with a claim token, so that a
 -- claim-token retry can answer the same token again while only its hash is stored.
+-- installation_id names this installation in the tenant grants it issues (with the name of
+-- the database, so a template clone refuses the original's grants); database_oid is the
+-- database it was created in (doctor reports a copy: a template clone or a restore).
 CREATE TABLE replaysafe.installation (
-    id           boolean PRIMARY KEY DEFAULT true CHECK (id),
-    key_secret   bytea NOT NULL CHECK (length(key_secret) >= 16),
-    created_at   timestamptz NOT NULL DEFAULT now(),
-    token_secret bytea NOT NULL CHECK (length(token_secret) >= 16)
+    id              boolean PRIMARY KEY DEFAULT true CHECK (id),
+    key_secret      bytea NOT NULL CHECK (length(key_secret) >= 16),
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    token_secret    bytea NOT NULL CHECK (length(token_secret) >= 16),
+    installation_id uuid NOT NULL DEFAULT gen_random_uuid(),
+    database_oid    oid NOT NULL
 );
 -- 244 random bits each from the server's strong random source (no extension needed).
-INSERT INTO replaysafe.installation (key_secret, token_secret)
-VALUES (decode(replace(gen_random_uuid()::text || gen_random_uuid()::text, '-', ''), 'hex'),
-        decode(replace(gen_random_uuid()::text || gen_random_uuid()::text, '-', ''), 'hex'));
+INSERT INTO replaysafe.installation (key_secret, token_secret, database_oid)
+SELECT decode(replace(gen_random_uuid()::text || gen_random_uuid()::text, '-', ''), 'hex'),
+       decode(replace(gen_random_uuid()::text || gen_random_uuid()::text, '-', ''), 'hex'),
+       d.oid
+FROM pg_database d WHERE d.datname = current_database();
+
+-- The keys tenant grants are signed with (HMAC-SHA256), not the secrets above: only the
+-- owner reads them. header is the grant's first part for this key, base64url (it pins the
+-- algorithm and names the key: a grant is looked up by it); issuer names the installation
+-- that made the key (a grant names it and the database); inner_pad and outer_pad are the
+-- key XOR HMAC's ipad and opad, so a verification costs two sha256() calls. The newest key
+-- signs; rotate_grant_key() makes a new one and keeps the previous one verifying.
+CREATE TABLE replaysafe.grant_keys (
+    header     text PRIMARY KEY,
+    key_id     text NOT NULL,
+    issuer     text NOT NULL,
+    inner_pad  bytea NOT NULL CHECK (length(inner_pad) = 64),
+    outer_pad  bytea NOT NULL CHECK (length(outer_pad) = 64),
+    created_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+
+-- A tenant's revocation generation: a grant names the generation it was issued under and is
+-- valid only while it is current (revoke_tenant_grants moves it on). No row: generation 0.
+CREATE TABLE replaysafe.grant_generations (
+    tenant_id  text PRIMARY KEY,
+    generation bigint NOT NULL CHECK (generation > 0),
+    revoked_at timestamptz NOT NULL
+);
 
 ALTER TABLE replaysafe.role_bindings ENABLE ROW LEVEL SECURITY;
 ALTER TABLE replaysafe.installation ENABLE ROW LEVEL SECURITY;
+ALTER TABLE replaysafe.grant_keys ENABLE ROW LEVEL SECURITY;
+ALTER TABLE replaysafe.grant_generations ENABLE ROW LEVEL SECURITY;

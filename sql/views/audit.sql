@@ -1,7 +1,8 @@
 -- ---------------------------------------------------------------------------------------
 -- Audit views: owner-rights (they read the private tables) and security_barrier (a reader's
 -- own functions in a WHERE clause never see rows the filter removes). Each shows the
--- reader's tenant only (every tenant to the unbound owner and unbound auditors).
+-- reader's tenant only (every tenant to the unbound owner and unbound auditors), or the
+-- tenant of the grant use_grant put in force.
 --
 -- The private _visible_* views do the filtering as a UNION ALL: the reader's tenant as an
 -- index condition (a reader's own conditions join it, so no row of another tenant is ever
@@ -40,9 +41,12 @@ UNION ALL
 SELECT t.* FROM replaysafe.action_attempts t
 WHERE (SELECT r.reads_all FROM replaysafe._reader r);
 
+-- Under a grant that names a user, that user's threads only.
 CREATE OR REPLACE VIEW replaysafe._visible_threads WITH (security_barrier = true) AS
 SELECT t.* FROM replaysafe.threads t
 WHERE t.tenant_id = (SELECT r.tenant_id FROM replaysafe._reader r)
+  AND ((SELECT r.user_id FROM replaysafe._reader r) IS NULL
+       OR t.user_id = (SELECT r.user_id FROM replaysafe._reader r))
 UNION ALL
 SELECT t.* FROM replaysafe.threads t
 WHERE (SELECT r.reads_all FROM replaysafe._reader r);
@@ -90,7 +94,7 @@ CROSS JOIN LATERAL (SELECT x.operation FROM replaysafe.actions x
                     WHERE x.tenant_id = m.tenant_id AND x.action_key = m.action_key LIMIT 1) a;
 
 -- Ownership by user id is enforced by the functions; the view shows every thread of the
--- reader's tenant.
+-- reader's tenant (under a grant that names a user, that user's threads).
 CREATE OR REPLACE VIEW replaysafe.threads_v WITH (security_barrier = true) AS
 SELECT t.tenant_id, t.thread_id, t.user_id, t.version, t.deleted, v.state, t.history_limit,
        t.created_at, t.updated_at

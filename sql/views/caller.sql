@@ -3,17 +3,19 @@
 
 CREATE OR REPLACE VIEW replaysafe._caller AS
 SELECT r.role_name,
-       CASE WHEN replaysafe._in_restricted_operation() THEN NULL  -- see the function
+       CASE WHEN p.restricted THEN NULL  -- see the function
             -- to_regrole: a syscache probe (pg_roles is a view that costs ~6 us to join)
             ELSE coalesce(
                 (SELECT b.tenant_id FROM replaysafe.role_bindings b
                  WHERE b.role_oid = to_regrole(quote_ident(r.role_name))::oid),
                 (SELECT b.tenant_id FROM replaysafe.role_bindings b
                  WHERE b.role_oid = to_regrole(quote_ident(r.login_name))::oid)) END
-           AS tenant_id
+           AS tenant_id,
+       p.restricted
 FROM (SELECT CASE WHEN current_setting('role') = 'none' THEN session_user::text
                   ELSE current_setting('role') END AS role_name,
-             session_user::text AS login_name) r;
+             session_user::text AS login_name) r,
+     LATERAL (SELECT replaysafe._in_restricted_operation() AS restricted) p;
 
 -- The caller's wider rights, for the functions (never needed on a bound caller's hot path).
 -- It is the owner when it is the schema owner or an explicit member of it (pg_auth_members:
@@ -46,18 +48,22 @@ CROSS JOIN LATERAL (SELECT NOT me.restricted AND me.role_oid IN (SELECT o.roleid
 
 -- Who is reading a view: a view does not switch user, so current_user is the reader (in a
 -- security-restricted operation, the code's owner, not the session's login). Its tenant is
--- its binding, else its login's; unbound, it reads every tenant when it is a member of the
+-- its binding, else its login's, else that of the grant use_grant put in force in this
+-- transaction (grant_in_force; its user, if it names one, limits threads_v to that user's
+-- threads); unbound and without a grant, it reads every tenant when it is a member of the
 -- schema owner or of replaysafe_auditor. (Pure SQL: a view may call no private helper.)
 CREATE OR REPLACE VIEW replaysafe._reader AS
-SELECT r.tenant_id,
-       CASE WHEN r.tenant_id IS NOT NULL THEN false
+SELECT coalesce(r.tenant_id, g.tenant_id) AS tenant_id,
+       CASE WHEN r.tenant_id IS NOT NULL OR g.tenant_id IS NOT NULL THEN false
             -- A group role itself never reads every tenant: code a tenant made it own (after
             -- SET ROLE) may run in anyone's session.
-            WHEN current_user IN ('replaysafe_worker', 'replaysafe_operator', 'replaysafe_auditor')
+            WHEN current_user IN ('replaysafe_worker', 'replaysafe_operator', 'replaysafe_auditor',
+                                  'replaysafe_issuer')
                 THEN false
             ELSE pg_has_role(current_user, n.nspowner, 'USAGE')
                  OR EXISTS (SELECT 1 FROM pg_roles a WHERE a.rolname = 'replaysafe_auditor'
-                            AND pg_has_role(current_user, a.oid, 'USAGE')) END AS reads_all
+                            AND pg_has_role(current_user, a.oid, 'USAGE')) END AS reads_all,
+       g.user_id
 FROM (SELECT coalesce(
           (SELECT b.tenant_id FROM replaysafe.role_bindings b
            WHERE b.role_oid = to_regrole(quote_ident(current_user))::oid),
@@ -69,7 +75,13 @@ FROM (SELECT coalesce(
              AND current_user::text = CASE WHEN current_setting('role') = 'none'
                                            THEN session_user::text
                                            ELSE current_setting('role') END))
-          AS tenant_id) r,
+          AS tenant_id) r
+     -- Only for the session's own current role, as the login's binding above.
+     LEFT JOIN LATERAL (SELECT f.tenant_id, f.user_id FROM replaysafe.grant_in_force() f
+                        WHERE current_user::text = CASE WHEN current_setting('role') = 'none'
+                                                        THEN session_user::text
+                                                        ELSE current_setting('role') END) g
+            ON true,
      pg_namespace n
 WHERE n.nspname = 'replaysafe'
   -- Always true, and parallel unsafe: no query through the views starts parallel workers.

@@ -54,7 +54,7 @@ def test_migrate_sql_prints_a_script_that_builds_the_schema(empty_dsn: str) -> N
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         conn.execute(sql)  # type: ignore[arg-type]
         assert conn.execute("SELECT to_regprocedure('replaysafe.sweep_expired_actions(integer,"
-                            "timestamptz)') IS NOT NULL").fetchone() == (True,)
+                            "timestamptz,text,text)') IS NOT NULL").fetchone() == (True,)
     assert replaysafe_pg.current_revision(empty_dsn) == replaysafe_pg.schema.head_revision()
 
 
@@ -413,7 +413,7 @@ def test_doctor_notices_crossed_duties_schema_grants_and_default_privileges(dsn:
     stranger = make_role()
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("GRANT EXECUTE ON FUNCTION replaysafe.resolve_action(text, text, text, jsonb, jsonb, "
-                     "text, text, timestamptz, integer) TO replaysafe_worker")
+                     "text, text, timestamptz, integer, text) TO replaysafe_worker")
         conn.execute(f'GRANT CREATE ON SCHEMA replaysafe TO "{stranger}"')
         conn.execute(f'ALTER DEFAULT PRIVILEGES GRANT EXECUTE ON FUNCTIONS TO "{stranger}"')
     try:

@@ -96,7 +96,7 @@ def test_schema_sql_equals_alembic_chain(new_db: Callable[[], str], reference_du
     "LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$ BEGIN NULL; END $$",
     "ALTER TABLE replaysafe.actions DISABLE ROW LEVEL SECURITY",
     "ALTER FUNCTION replaysafe.bind_role_to_tenant(text, text) RESET search_path",
-    "ALTER FUNCTION replaysafe.read_thread(text, text, text) SECURITY INVOKER",
+    "ALTER FUNCTION replaysafe.read_thread(text, text, text, text) SECURITY INVOKER",
     "REVOKE SELECT ON replaysafe.actions_v FROM replaysafe_auditor",
     "ALTER TYPE replaysafe.action_state ADD VALUE 'cancelled'",
 ])

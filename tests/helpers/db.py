@@ -15,11 +15,22 @@ import psycopg
 from psycopg import conninfo as pg_conninfo
 
 
+def own_installation(dsn: str) -> None:
+    """Make a template clone an installation of its own, as a user makes a copy of a
+    database one (docs/isolation.md, copies of the database): a clone shares the template's
+    grant keys and issues no grant until it has its own."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        if c.execute("SELECT to_regprocedure('replaysafe.rotate_grant_key(boolean)') IS NOT NULL"
+                     ).fetchone() == (True,):
+            c.execute("SELECT replaysafe.rotate_grant_key(p_keep_previous => false)")
+
+
 @contextlib.contextmanager
 def cloned_database(admin_dsn: str, template: str) -> Iterator[str]:
     name = f"rs_mod_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(admin_dsn, autocommit=True) as c:
         c.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+    own_installation(pg_conninfo.make_conninfo(admin_dsn, dbname=name))
     try:
         yield pg_conninfo.make_conninfo(admin_dsn, dbname=name)
     finally:
@@ -39,6 +50,7 @@ def clone_database(admin_dsn: str, template: str) -> str:
     name = f"rs_t_{os.getpid()}_{next(_counter)}"
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+    own_installation(dsn_for(admin_dsn, name))
     return name
 
 
@@ -98,8 +110,9 @@ def plan_counts(c: psycopg.Connection[Any], query: str) -> list[tuple[str, int]]
     out: list[tuple[str, int]] = []
 
     def walk(node: dict[str, Any]) -> None:
-        if node.get("Schema") == "replaysafe":
-            out.extend((f"{node['Relation Name']}: {k}", int(v)) for k, v in node.items()
+        if node.get("Schema") == "replaysafe":  # a table's scan, or a function's (grant_in_force)
+            name = node.get("Relation Name") or node.get("Function Name")
+            out.extend((f"{name}: {k}", int(v)) for k, v in node.items()
                        if k.startswith(("Actual Rows", "Rows Removed")) and isinstance(v, int | float))
         for child in node.get("Plans", []):
             walk(child)

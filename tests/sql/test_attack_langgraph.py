@@ -725,7 +725,7 @@ def test_doctor_notices_langgraph_privileges_and_rls_given_by_hand(dsn: str) -> 
     assert run("doctor", dsn=dsn).exit_code == 0
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("GRANT EXECUTE ON FUNCTION replaysafe.langgraph_list(text, text, text, "
-                     "text, jsonb, text, integer) TO replaysafe_auditor")
+                     "text, jsonb, text, integer, text) TO replaysafe_auditor")
         conn.execute("GRANT SELECT ON replaysafe.langgraph_blobs TO replaysafe_worker")
         conn.execute("ALTER TABLE replaysafe.langgraph_writes DISABLE ROW LEVEL SECURITY")
     result = run("doctor", dsn=dsn)

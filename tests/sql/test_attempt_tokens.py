@@ -315,17 +315,19 @@ def test_a_claim_token_is_at_least_22_characters_and_kept_only_as_a_hash(
 
 LEDGER_SIGNATURES = {
     "claim_action": ["p_tenant_id", "p_action_key", "p_operation", "p_request", "p_worker_id",
-                     "p_lease", "p_thread_id", "p_on_expired", "p_now", "p_claim_token"],
+                     "p_lease", "p_thread_id", "p_on_expired", "p_now", "p_claim_token",
+                     "p_grant"],
     "claim_actions": ["p_tenant_id", "p_action_keys", "p_operations", "p_requests", "p_worker_id",
-                      "p_lease", "p_thread_id", "p_on_expired", "p_now", "p_claim_tokens"],
+                      "p_lease", "p_thread_id", "p_on_expired", "p_now", "p_claim_tokens",
+                      "p_grant"],
     "heartbeat_action": ["p_tenant_id", "p_action_key", "p_attempt", "p_attempt_token", "p_lease",
-                         "p_now"],
+                         "p_now", "p_grant"],
     "complete_action": ["p_tenant_id", "p_action_key", "p_attempt", "p_attempt_token", "p_result",
-                        "p_provider_reference", "p_now"],
+                        "p_provider_reference", "p_now", "p_grant"],
     "fail_action": ["p_tenant_id", "p_action_key", "p_attempt", "p_attempt_token", "p_error",
-                    "p_retryable", "p_now"],
+                    "p_retryable", "p_now", "p_grant"],
     "mark_action_unknown": ["p_tenant_id", "p_action_key", "p_attempt", "p_attempt_token",
-                            "p_error", "p_now"],
+                            "p_error", "p_now", "p_grant"],
 }
 
 
@@ -339,8 +341,8 @@ def test_the_ledger_functions_have_exactly_the_documented_signatures(conn: Conn)
         assert argnames == LEDGER_SIGNATURES[name], name
     defaults = {r[0]: r[2] for r in rows}
     # The token has no default: everything after it that has one, and nothing before.
-    assert defaults["complete_action"] == 2 and defaults["heartbeat_action"] == 2
-    assert defaults["fail_action"] == 2 and defaults["mark_action_unknown"] == 1
+    assert defaults["complete_action"] == 3 and defaults["heartbeat_action"] == 3
+    assert defaults["fail_action"] == 3 and defaults["mark_action_unknown"] == 2
 
 
 # --- a row lock held by a colleague gains it nothing ---------------------------------------------------

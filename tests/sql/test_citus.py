@@ -131,14 +131,15 @@ def test_a_key_without_tenant_id_stops_it(dsn: str, conn: Conn) -> None:
 def test_every_key_of_a_table_to_distribute_holds_tenant_id(conn: Conn) -> None:
     """create_distributed_table refuses a primary key, unique or exclusion constraint, unique
     index or foreign key without the distribution column: every one of them holds tenant_id;
-    the tables the script distributes are exactly those with rows of a tenant (bindings aside:
-    a reference table), and nothing Citus handles apart (identity columns, sequences,
+    the tables the script distributes are exactly those with rows of a tenant (bindings and
+    grant generations aside: reference tables), and nothing Citus handles apart (identity columns, sequences,
     triggers, foreign keys) is on them."""
     with_tenant, without_tenant, _ = _catalog(conn)
     reference, distributed = schema.citus_layout()
-    assert set(distributed) == with_tenant - {"role_bindings"}
-    assert set(reference) - {"role_binding_nodes"} == {"role_bindings", "installation"}
-    assert without_tenant == {"installation", "alembic_version"}
+    assert set(distributed) == with_tenant - {"role_bindings", "grant_generations"}
+    assert set(reference) - {"role_binding_nodes"} == {"role_bindings", "installation",
+                                                      "grant_keys", "grant_generations"}
+    assert without_tenant == {"installation", "alembic_version", "grant_keys"}
     keys = conn.execute(
         "SELECT k.conrelid::regclass::text, k.conname::text, k.contype::text, "
         "(SELECT a.attnum FROM pg_attribute a WHERE a.attrelid = k.conrelid AND a.attname = 'tenant_id') "
@@ -172,11 +173,13 @@ def test_tables_are_distributed_by_tenant_and_co_located_bindings_are_reference_
     tables = _calls(conn, "create_distributed_table")
     assert tables[0] == {"table_name": "replaysafe.actions", "distribution_column": "tenant_id",
                          "distribution_type": "hash", "colocate_with": "none", "shard_count": None}
-    assert {t["table_name"] for t in tables} == {f"replaysafe.{t}" for t in with_tenant - {"role_bindings"}}
+    assert {t["table_name"] for t in tables} == {
+        f"replaysafe.{t}" for t in with_tenant - {"role_bindings", "grant_generations"}}
     assert all(t["distribution_column"] == "tenant_id" and t["colocate_with"] == "replaysafe.actions"
                for t in tables[1:])
     assert [t["table_name"] for t in _calls(conn, "create_reference_table")] == [
-        "replaysafe.role_bindings", "replaysafe.installation", "replaysafe.role_binding_nodes"]
+        "replaysafe.role_bindings", "replaysafe.installation", "replaysafe.role_binding_nodes",
+        "replaysafe.grant_keys", "replaysafe.grant_generations"]
     # alembic_version stays on the coordinator.
     assert conn.execute("SELECT count(*) FROM pg_dist_partition WHERE logicalrelid::text LIKE "
                         "'%alembic_version'").fetchone() == (0,)

@@ -51,10 +51,10 @@ def versions(th: Threads, thread_id: str = "th") -> list[int]:
 # --- the contract's names --------------------------------------------------------------
 
 def test_functions_have_the_spec_signatures(conn: Conn) -> None:
-    for sig in ("replaysafe.read_thread(text,text,text)",
-                "replaysafe.write_thread(text,text,bigint,jsonb,text,integer)",
-                "replaysafe.thread_history(text,text,text,integer)",
-                "replaysafe.delete_thread(text,text,text)"):
+    for sig in ("replaysafe.read_thread(text,text,text,text)",
+                "replaysafe.write_thread(text,text,bigint,jsonb,text,integer,text)",
+                "replaysafe.thread_history(text,text,text,integer,text)",
+                "replaysafe.delete_thread(text,text,text,text)"):
         assert conn.execute("SELECT to_regprocedure(%s)", (sig,)).fetchone() == (sig,)
     # Named arguments with their defaults, as outside callers use them.
     conn.execute("SELECT replaysafe.write_thread(p_tenant_id => 't', p_thread_id => 'x', "

@@ -433,14 +433,14 @@ def test_private_helpers_and_operator_duties_are_not_a_workers(world: str, worke
             "SELECT p.oid::regprocedure::text FROM pg_proc p "
             "WHERE p.pronamespace = 'replaysafe'::regnamespace AND p.proname LIKE '\\_%'")]
     assert "replaysafe._report(text,text,integer,text,replaysafe.action_state,jsonb,jsonb,text," \
-           "timestamp with time zone)" in private
+           "timestamp with time zone,text)" in private
     for fn in private:
         assert worker_a.execute("SELECT has_function_privilege(%s, 'EXECUTE')",
                                 (fn,)).fetchone() == (False,), fn
     # success with a NULL result through the private report helper (the review's forgery),
     # even with the attempt's own token
     assert sqlstate(worker_a, "SELECT replaysafe._report('A', 'live', 1, %s, 'succeeded', NULL, "
-                              "NULL, NULL, now())", (TOKENS["A", "live"],)) == "42501"
+                              "NULL, NULL, now(), NULL)", (TOKENS["A", "live"],)) == "42501"
     for call in (
             "replaysafe.resolve_action(p_tenant_id => 'A', p_action_key => 'live', "
             "p_state => 'succeeded')",
@@ -842,9 +842,9 @@ def test_group_roles_cannot_be_bound(dsn: str) -> None:
 def test_operator_duties_check_the_role_themselves(world: str, worker_a: Conn) -> None:
     with psycopg.connect(world, autocommit=True) as owner:  # a grant by mistake
         owner.execute("GRANT EXECUTE ON FUNCTION replaysafe.resolve_action(text, text, text, jsonb, "
-                      "jsonb, text, text, timestamptz, integer), replaysafe.reopen_action(text, text, "
-                      "text, timestamptz), replaysafe.purge_actions(interval, integer, timestamptz) "
-                      "TO replaysafe_worker")
+                      "jsonb, text, text, timestamptz, integer, text), replaysafe.reopen_action(text, "
+                      "text, text, timestamptz, text), replaysafe.purge_actions(interval, integer, "
+                      "timestamptz, text, text) TO replaysafe_worker")
         owner.execute("SELECT replaysafe.mark_action_unknown(p_tenant_id => 'A', p_action_key => 'live', "
                       "p_attempt => 1, p_attempt_token => %s, p_error => '{}')", (TOKENS["A", "live"],))
     for call in ("replaysafe.resolve_action(p_tenant_id => 'A', p_action_key => 'live', "

@@ -1,4 +1,5 @@
-"""The query loader: p_now is sent only when the caller gives a time; bytea goes in binary."""
+"""The query loader: p_now is sent only when the caller gives a time, p_grant only with a grant;
+bytea goes in binary."""
 
 from __future__ import annotations
 
@@ -36,7 +37,28 @@ def test_every_query_with_p_now_has_a_variant_without_it(name: str) -> None:
 
 def test_queries_without_time_are_the_same_whatever_the_params() -> None:
     for name in set(queries.all_queries()) - TIMED:
-        assert queries.get(name) == queries.get(name, {"now": T0}) == queries.all_queries()[name]
+        written = queries.all_queries()[name]
+        assert queries.get(name, {"now": T0, "grant": "g"}) == written
+        assert queries.get(name) == queries.get(name, {"now": T0}) == queries.get(
+            name, {"grant": None}) == written.replace(queries.GRANT_ARGUMENT, "")
+
+
+# Every tenant-scoped function's query, and the grant function that takes one itself.
+GRANTED = TIMED | {
+    "read_thread", "write_thread", "thread_history",
+    "delete_thread", "langgraph_put", "langgraph_put_writes", "langgraph_get_tuple",
+    "langgraph_list", "langgraph_delete_thread", "langgraph_delete_for_runs",
+    "langgraph_copy_thread", "langgraph_prune", "use_grant", "revoke_tenant_grants"}
+
+
+def test_p_grant_is_sent_only_with_a_grant() -> None:
+    assert {n for n in queries.all_queries() if queries.takes_grant(n)} == GRANTED - {"use_grant"}
+    for name in GRANTED - {"use_grant"}:
+        for now in (None, T0):
+            with_grant = queries.get(name, {"now": now, "grant": "g"})
+            assert with_grant.count(queries.GRANT_ARGUMENT) == 1, name
+            assert with_grant.endswith(queries.GRANT_ARGUMENT + ")"), name
+            assert queries.get(name, {"now": now}) == with_grant.replace(queries.GRANT_ARGUMENT, "")
 
 
 def test_a_query_passing_the_time_another_way_is_refused() -> None:

@@ -23,6 +23,7 @@ KEY_COLUMNS = {
     "langgraph_blobs": "thread_id",
     "langgraph_writes": "thread_id",
     "langgraph_namespaces": "thread_id",
+    "langgraph_thread_users": "thread_id",
 }
 
 # Tables with a tenant_id column that hold no tenant's data, and why.
@@ -30,6 +31,9 @@ NOT_TENANT_TABLES = {
     "role_bindings": "maps a role to its tenant, read by role (the caller's own binding, in "
                      "every call) and written by the schema owner only: distributed, it is a "
                      "reference table on every worker, not a tenant's rows",
+    "grant_generations": "a tenant's tenant-grant revocation counter, read by the tenant a "
+                         "grant names (after its signature is verified) in every call with a "
+                         "grant: distributed, a reference table on every worker",
 }
 
 # Functions multi-key by nature. "tenant-only": every statement stays in p_tenant_id's rows,
@@ -48,11 +52,13 @@ ALLOWED: dict[str, tuple[Literal["tenant-only", "exempt"], str]] = {
                                              "writes another"),
     "langgraph_prune": ("tenant-only", "LangGraph's prune(): takes a list of threads"),
     "sweep_expired_actions": ("exempt", "maintenance: a batch of expired leases across keys, "
-                                        "of the caller's tenant by its binding (there is no "
-                                        "p_tenant_id), of every tenant for the unbound owner"),
+                                        "of p_tenant_id (or a grant's tenant) when given, else "
+                                        "of the caller's tenant by its binding, of every "
+                                        "tenant for the unbound owner"),
     "purge_actions": ("exempt", "maintenance: a batch of old terminal actions across keys, of "
-                                "the caller's tenant by its binding (there is no "
-                                "p_tenant_id), of every tenant for the unbound owner"),
+                                "p_tenant_id (or a grant's tenant) when given, else of the "
+                                "caller's tenant by its binding, of every tenant for the "
+                                "unbound owner"),
 }
 
 
