@@ -19,6 +19,7 @@ from replaysafe_pg.errors import (
     UnstorableResult,
 )
 from replaysafe_pg.execution import Call, Execution, ExecutionStatus
+from replaysafe_pg.grants import GrantClaims, issue_grant, read_claims
 from replaysafe_pg.ledger import AsyncLedger, Ledger
 from replaysafe_pg.models import (
     Action,
@@ -48,6 +49,7 @@ __all__ = [
     "Execution",
     "ExecutionStatus",
     "FingerprintConflict",
+    "GrantClaims",
     "InvalidArgument",
     "InvalidTransition",
     "LeaseLost",
@@ -64,8 +66,10 @@ __all__ = [
     "UnstorableResult",
     "current_revision",
     "downgrade",
+    "issue_grant",
     "migrate",
     "migrate_in_env",
+    "read_claims",
 ]
 
 __version__ = "0.1.0"

@@ -6,6 +6,10 @@ connection it runs in a transaction of its own, committed at once. The claims of
 ``Ledger.run`` are the exception (``alone=True``): they must be committed before the tool
 runs, so a connection inside a transaction is refused before anything is sent.
 
+Under a tenant grant, a view's query (which takes no ``p_grant``) is preceded by
+``use_grant`` in the same transaction: in the caller's open one, else in one of its own, so
+that the grant is in force for that query only (docs/isolation.md#tenant-grants).
+
 Long tasks (LISTEN while waiting for another attempt, heartbeats) never run on a connection
 that ordinary calls use: psycopg holds a connection's lock for the whole wait, which would
 stall the heartbeats and records of every other call on it.
@@ -158,16 +162,35 @@ async def arefuse_pipeline(conn: psycopg.AsyncConnection[Any]) -> None:
                 raise InvalidArgument(_IN_PIPELINE)
 
 
+# A statement sent before another in the same transaction: its query and parameters.
+First: TypeAlias = "tuple[LiteralString, dict[str, Any]]"
+# How a query of sql/queries.sql takes a tenant grant (replaysafe_pg.queries.GRANT_ARGUMENT).
+_GRANT_PLACEHOLDER = "%(grant)s"
+
+
+def view_grant(query: LiteralString, params: dict[str, Any] | None) -> str | None:
+    """The grant ``params`` carry for a query that does not take one (a view's): it must be
+    put in force by ``use_grant`` first, in the query's transaction. None otherwise (no
+    grant, or a function that takes it as ``p_grant``)."""
+    grant = params.get("grant") if params else None
+    if grant is None or _GRANT_PLACEHOLDER in query:
+        return None
+    return str(grant)
+
+
 def execute_on(conn: psycopg.Connection[Any], query: LiteralString,
                params: dict[str, Any] | None = None, *, alone: bool = False,
-               binary: bool = False, prepare: bool | None = None) -> list[tuple[Any, ...]]:
+               binary: bool = False, prepare: bool | None = None,
+               first: First | None = None) -> list[tuple[Any, ...]]:
     """One statement on ``conn``: joins an open transaction, else commits at once.
     With ``alone``, a connection inside a transaction is refused instead of joined.
     Rows are tuples whatever the connection's row factory. Statements without a result
     (LISTEN) answer ``[]``. ``binary``: results in binary format (bytea without hex text).
     ``prepare`` (:mod:`replaysafe_pg._prepared`): None, a prepared statement named by its
     content after psycopg's few uses on a connection with a server session of its own, else
-    unnamed; True, named wherever psycopg allows; False, always unnamed."""
+    unnamed; True, named wherever psycopg allows; False, always unnamed. ``first``: a
+    statement sent before ``query`` in the same transaction (the caller's open one, else one
+    of its own, also on an autocommit connection); its rows are not read."""
     refuse_pipeline(conn)
     if alone:
         refuse_open_transaction(conn)
@@ -179,27 +202,44 @@ def execute_on(conn: psycopg.Connection[Any], query: LiteralString,
             with conn.lock:
                 _prepared.adopt(conn)
         cursors, cur = _take_cursor(conn, query)
+        lead = None if first is None else (_take_cursor(conn, first[0])[1], *first)
         try:
             named = _prepared.mode(conn, prepare)
             try:
-                return _execute(conn, cur, query, params, binary, named)
+                return _execute(conn, cur, query, params, binary, named, lead)
             except _prepared.LOST as exc:
                 if named is False or conn.info.transaction_status != TransactionStatus.IDLE:
                     raise
                 _prepared.pooler_seen(conn, exc)
-                return _execute(conn, cur, query, params, binary, False)
+                return _execute(conn, cur, query, params, binary, False, lead)
         finally:
             _put_back(cursors, query, cur)
+            if lead is not None:
+                _put_back(cursors, lead[1], lead[0])
             _bound_backlog(conn)
+
+
+# A statement to send first: its cursor, query and parameters.
+_Lead: TypeAlias = "tuple[Any, LiteralString, dict[str, Any]]"
 
 
 def _execute(conn: psycopg.Connection[Any], cur: Any, query: LiteralString,
              params: dict[str, Any] | None, binary: bool,
-             prepare: bool | None) -> list[tuple[Any, ...]]:
-    if conn.autocommit or conn.info.transaction_status != TransactionStatus.IDLE:
+             prepare: bool | None, lead: _Lead | None = None) -> list[tuple[Any, ...]]:
+    """``query`` alone: as it is on an autocommit connection or inside a transaction, else
+    in a transaction of its own. After ``lead``: both in the open transaction, else both in
+    one of their own (autocommit or not)."""
+    if lead is None and (conn.autocommit
+                         or conn.info.transaction_status != TransactionStatus.IDLE):
+        cur.execute(query, params, binary=binary, prepare=prepare)
+        return cur.fetchall() if _has_rows(cur) else []
+    if lead is not None and conn.info.transaction_status != TransactionStatus.IDLE:
+        lead[0].execute(lead[1], lead[2], prepare=prepare)
         cur.execute(query, params, binary=binary, prepare=prepare)
         return cur.fetchall() if _has_rows(cur) else []
     with conn.transaction():
+        if lead is not None:
+            lead[0].execute(lead[1], lead[2], prepare=prepare)
         cur.execute(query, params, binary=binary, prepare=prepare)
         return cur.fetchall() if _has_rows(cur) else []
 
@@ -248,7 +288,8 @@ def _has_rows(cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> bool:
 async def aexecute_on(conn: psycopg.AsyncConnection[Any], query: LiteralString,
                       params: dict[str, Any] | None = None, *,
                       alone: bool = False, binary: bool = False,
-                      prepare: bool | None = None) -> list[tuple[Any, ...]]:
+                      prepare: bool | None = None,
+                      first: First | None = None) -> list[tuple[Any, ...]]:
     """See :func:`execute_on`."""
     await arefuse_pipeline(conn)
     if alone:
@@ -262,27 +303,38 @@ async def aexecute_on(conn: psycopg.AsyncConnection[Any], query: LiteralString,
             async with conn.lock:
                 _prepared.adopt(conn)
         cursors, cur = _take_cursor(conn, query)
+        lead = None if first is None else (_take_cursor(conn, first[0])[1], *first)
         try:
             named = _prepared.mode(conn, prepare)
             try:
-                return await _aexecute(conn, cur, query, params, binary, named)
+                return await _aexecute(conn, cur, query, params, binary, named, lead)
             except _prepared.LOST as exc:
                 if named is False or conn.info.transaction_status != TransactionStatus.IDLE:
                     raise
                 _prepared.pooler_seen(conn, exc)
-                return await _aexecute(conn, cur, query, params, binary, False)
+                return await _aexecute(conn, cur, query, params, binary, False, lead)
         finally:
             _put_back(cursors, query, cur)
+            if lead is not None:
+                _put_back(cursors, lead[1], lead[0])
             _bound_backlog(conn)
 
 
 async def _aexecute(conn: psycopg.AsyncConnection[Any], cur: Any, query: LiteralString,
                     params: dict[str, Any] | None, binary: bool,
-                    prepare: bool | None) -> list[tuple[Any, ...]]:
-    if conn.autocommit or conn.info.transaction_status != TransactionStatus.IDLE:
+                    prepare: bool | None, lead: _Lead | None = None) -> list[tuple[Any, ...]]:
+    """See :func:`_execute`."""
+    if lead is None and (conn.autocommit
+                         or conn.info.transaction_status != TransactionStatus.IDLE):
+        await cur.execute(query, params, binary=binary, prepare=prepare)
+        return await cur.fetchall() if _has_rows(cur) else []
+    if lead is not None and conn.info.transaction_status != TransactionStatus.IDLE:
+        await lead[0].execute(lead[1], lead[2], prepare=prepare)
         await cur.execute(query, params, binary=binary, prepare=prepare)
         return await cur.fetchall() if _has_rows(cur) else []
     async with conn.transaction():
+        if lead is not None:
+            await lead[0].execute(lead[1], lead[2], prepare=prepare)
         await cur.execute(query, params, binary=binary, prepare=prepare)
         return await cur.fetchall() if _has_rows(cur) else []
 
@@ -349,6 +401,19 @@ def _prepare_flag(value: bool | None) -> bool | None:
     return value
 
 
+def _split_grant(use_grant: LiteralString | None, query: LiteralString,
+                 params: dict[str, Any]) -> tuple[dict[str, Any], First | None]:
+    """A view's statement under a grant (:func:`view_grant`): its parameters without the
+    grant, and the ``use_grant`` to send first. Any other statement: as it is, nothing first."""
+    grant = view_grant(query, params)
+    if grant is None:
+        return params, None
+    if use_grant is None:
+        raise InvalidArgument("this statement reads a view under a tenant grant, which this "
+                              "driver object cannot put in force: nothing was sent")
+    return {k: v for k, v in params.items() if k != "grant"}, (use_grant, {"grant": grant})
+
+
 def _listen_target(listen: str | bool) -> str | None:
     """The DSN a ``listen=`` names (None: True or False)."""
     if isinstance(listen, bool):
@@ -361,16 +426,20 @@ def _listen_target(listen: str | bool) -> str | None:
 class SyncSource:
     """Where a sync driver object gets its connections. ``prepare``: see :func:`execute_on`.
     ``listen``: where waiters LISTEN (True: the place the source points to, on one connection
-    outside any pool; a DSN: there; False: nowhere, waiters claim again every second)."""
+    outside any pool; a DSN: there; False: nowhere, waiters claim again every second).
+    ``use_grant``: the statement that puts a tenant grant in force for the rest of a
+    transaction (``use_grant`` of sql/queries.sql); :meth:`execute` sends it before a view's
+    query whose parameters carry a grant (:func:`view_grant`), in the query's transaction."""
 
     def __init__(self, conninfo: Conninfo, *, prepare: bool | None = None,
-                 listen: str | bool = True) -> None:
+                 listen: str | bool = True, use_grant: LiteralString | None = None) -> None:
         self.dsn: str | None = connectable(conninfo) if isinstance(conninfo, str) else None
         self._pool = conninfo if isinstance(conninfo, ConnectionPool) else None
         self._given = conninfo if isinstance(conninfo, psycopg.Connection) else None
         if self.dsn is None and self._pool is None and self._given is None:
             raise TypeError("expected a DSN, a psycopg Connection or a psycopg_pool ConnectionPool")
         self.prepare = _prepare_flag(prepare)
+        self._use_grant = use_grant
         self._listen_at = _listen_target(listen)
         self._listens = listen is not False
         self._listener: _listen.Listener | None = None
@@ -466,18 +535,21 @@ class SyncSource:
 
     def execute(self, query: LiteralString, params: dict[str, Any], *,
                 alone: bool = False, binary: bool = False) -> list[tuple[Any, ...]]:
-        """One statement; ``alone``: it must commit on its own (see :func:`execute_on`)."""
+        """One statement; ``alone``: it must commit on its own (see :func:`execute_on`).
+        A view's query under a grant is preceded by ``use_grant`` on the same connection,
+        in the same transaction."""
+        params, first = _split_grant(self._use_grant, query, params)
         if self._given is not None:
             with self._given_lock:
                 return execute_on(self._given, query, params, alone=alone, binary=binary,
-                                  prepare=self.prepare)
+                                  prepare=self.prepare, first=first)
         if self._pool is None:  # the common case without connection(): a replay's whole path
             with wrap_errors(), self._lock:
                 return execute_on(self._usable_own(), query, params, alone=alone, binary=binary,
-                                  prepare=self.prepare)
+                                  prepare=self.prepare, first=first)
         with wrap_errors(), self.connection() as conn:
             return execute_on(conn, query, params, alone=alone, binary=binary,
-                              prepare=self.prepare)
+                              prepare=self.prepare, first=first)
 
     def execute_aside(self, query: LiteralString, params: dict[str, Any], *,
                       alone: bool = False) -> list[tuple[Any, ...]]:
@@ -491,7 +563,9 @@ class SyncSource:
                 except DatabaseUnavailable:
                     conn = None
                 if conn is not None:
-                    return execute_on(conn, query, params, alone=alone, prepare=self.prepare)
+                    params, first = _split_grant(self._use_grant, query, params)
+                    return execute_on(conn, query, params, alone=alone, prepare=self.prepare,
+                                      first=first)
         return self.execute(query, params, alone=alone)
 
     def close(self) -> None:
@@ -506,7 +580,7 @@ class AsyncSource:
     """See :class:`SyncSource`."""
 
     def __init__(self, conninfo: AsyncConninfo, *, prepare: bool | None = None,
-                 listen: str | bool = True) -> None:
+                 listen: str | bool = True, use_grant: LiteralString | None = None) -> None:
         self.dsn: str | None = connectable(conninfo) if isinstance(conninfo, str) else None
         self._pool = conninfo if isinstance(conninfo, AsyncConnectionPool) else None
         self._given = conninfo if isinstance(conninfo, psycopg.AsyncConnection) else None
@@ -514,6 +588,7 @@ class AsyncSource:
             raise TypeError(
                 "expected a DSN, a psycopg AsyncConnection or a psycopg_pool AsyncConnectionPool")
         self.prepare = _prepare_flag(prepare)
+        self._use_grant = use_grant
         self._listen_at = _listen_target(listen)
         self._listens = listen is not False
         # The listener of the event loop it was last asked in (a loop has one of its own).
@@ -633,21 +708,23 @@ class AsyncSource:
     async def execute(self, query: LiteralString, params: dict[str, Any], *,
                       alone: bool = False, binary: bool = False) -> list[tuple[Any, ...]]:
         """See :meth:`SyncSource.execute`."""
+        params, first = _split_grant(self._use_grant, query, params)
         if self._given is not None:
             if self._given_lock is None:
                 self._given_lock = asyncio.Lock()
             async with self._given_lock:
                 return await aexecute_on(self._given, query, params, alone=alone, binary=binary,
-                                         prepare=self.prepare)
+                                         prepare=self.prepare, first=first)
         if self._pool is None:  # as SyncSource.execute: the common case without connection()
             with wrap_errors():
                 async with self._own_lock():
                     return await aexecute_on(await self._usable_own(), query, params,
-                                             alone=alone, binary=binary, prepare=self.prepare)
+                                             alone=alone, binary=binary, prepare=self.prepare,
+                                             first=first)
         with wrap_errors():
             async with self.connection() as conn:
                 return await aexecute_on(conn, query, params, alone=alone, binary=binary,
-                                         prepare=self.prepare)
+                                         prepare=self.prepare, first=first)
 
     async def execute_aside(self, query: LiteralString, params: dict[str, Any], *,
                             alone: bool = False) -> list[tuple[Any, ...]]:
@@ -659,8 +736,9 @@ class AsyncSource:
                 except DatabaseUnavailable:
                     conn = None
                 if conn is not None:
+                    params, first = _split_grant(self._use_grant, query, params)
                     return await aexecute_on(conn, query, params, alone=alone,
-                                             prepare=self.prepare)
+                                             prepare=self.prepare, first=first)
         return await self.execute(query, params, alone=alone)
 
     async def close(self) -> None:

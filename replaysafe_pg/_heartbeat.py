@@ -185,10 +185,10 @@ class AsyncHeartbeats:
 
     @staticmethod
     async def _beats(ticket: Ticket, send: Callable[..., Awaitable[Any]]) -> None:
-        query, params = ticket.heartbeat.query, ticket.heartbeat.params
+        query = ticket.heartbeat.query
         while True:
             sent_at = time.monotonic()
-            await send(query, params)
+            await send(query, ticket.heartbeat.params)  # a grant's current value, each beat
             ticket.extended(sent_at)
             await asyncio.sleep(ticket.interval)
 

@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 from typing import Any, Generic, LiteralString, TypeAlias, TypeVar
 
 from replaysafe_pg import _args, _json, queries
+from replaysafe_pg._grant import Grant, GrantArg, grant_of, tenant_of
 from replaysafe_pg.errors import InvalidArgument
 from replaysafe_pg.models import (
     Action,
@@ -37,15 +38,33 @@ Lease: TypeAlias = timedelta | float | int
 @dataclass(frozen=True, slots=True)
 class Statement(Generic[T]):
     """One round trip: the named query from ``sql/queries.sql``, its parameters, and the
-    decoder of its rows."""
+    decoder of its rows.
+
+    ``grant``: the tenant grant of the driver object that built it (None: none). Each read
+    of :attr:`params` asks it for the current grant, so a statement sent again (a retried
+    claim, a heartbeat) carries the grant of that moment. A query that takes ``p_grant``
+    gets it as an argument; a view's query (which takes none) is preceded by ``use_grant``
+    in its transaction (replaysafe_pg._conn). Without a grant, query and parameters are
+    exactly those of a bound login."""
 
     name: str
-    params: dict[str, Any]
+    args: dict[str, Any]
     decode: Callable[[Rows], T]
+    grant: Grant | None = None
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """The parameters to send (with ``grant``: the current grant too)."""
+        if self.grant is None:
+            return self.args
+        return self.args | {"grant": self.grant.current()}
 
     @property
     def query(self) -> LiteralString:
-        return queries.get(self.name, self.params)
+        if self.grant is None:
+            return queries.get(self.name, self.args)
+        # The form that sends p_grant (get() looks only at whether now and grant are given).
+        return queries.get(self.name, {"now": self.args.get("now"), "grant": True})
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,14 +149,22 @@ def default_worker_id() -> str:
 
 class Calls:
     """The ledger's SQL functions for one tenant and worker (``worker_id`` None: this host
-    and process)."""
+    and process). ``grant``: a tenant grant (or a callable returning the current one) that
+    every statement carries; ``tenant_id`` None is then the grant's tenant (else
+    ``"default"``), and a ``tenant_id`` the grant is not for is refused."""
 
-    __slots__ = ("tenant_id", "worker_id")
+    __slots__ = ("grant", "tenant_id", "worker_id")
 
-    def __init__(self, tenant_id: str, worker_id: str | None) -> None:
-        self.tenant_id = _args.text_id(tenant_id, "tenant_id")
+    def __init__(self, tenant_id: str | None, worker_id: str | None,
+                 grant: GrantArg | None = None) -> None:
+        self.grant = grant_of(grant, tenant_id)
+        self.tenant_id = _args.text_id(tenant_of(tenant_id, self.grant), "tenant_id")
         self.worker_id = _args.text_id(
             default_worker_id() if worker_id is None else worker_id, "worker_id")
+
+    def _statement(self, name: str, params: dict[str, Any], decode: Callable[[Rows], T]
+                   ) -> Statement[T]:
+        return Statement(name, params, decode, self.grant)
 
     def _key(self, action_key: str) -> dict[str, Any]:
         return {"tenant_id": self.tenant_id, "action_key": _args.text_id(action_key, "action_key")}
@@ -169,7 +196,7 @@ class Calls:
               lease: Lease, thread_id: str | None, on_expired: str,
               now: datetime | None, claim_token: str | None = None) -> Statement[Claim]:
         key = self._key(action_key)
-        return Statement("claim_action", key | {
+        return self._statement("claim_action", key | {
             "operation": _args.text_id(operation, "operation"),
             "request": _json_object(request, "request"),
             "claim_token": None if claim_token is None else _args.secret(claim_token, "claim_token"),
@@ -185,7 +212,7 @@ class Calls:
                                          or len(claim_tokens) != len(calls)):
             raise InvalidArgument("claim_tokens must hold one token (or None) per call")
         keys = [_args.text_id(key, "action_key") for key, _, _ in calls]
-        return Statement("claim_actions", {
+        return self._statement("claim_actions", {
             "tenant_id": self.tenant_id,
             "action_keys": keys,
             "operations": [_args.text_id(op, "operation") for _, op, _ in calls],
@@ -196,32 +223,32 @@ class Calls:
 
     def heartbeat(self, holder: Claim | AttemptToken, lease: Lease,
                   now: datetime | None) -> Statement[datetime]:
-        return Statement("heartbeat_action", self._attempt(holder, now) | {
+        return self._statement("heartbeat_action", self._attempt(holder, now) | {
             "lease": _args.lease(lease)}, _value)
 
     def complete(self, holder: Claim | AttemptToken, result: Any, provider_reference: str | None,
                  now: datetime | None) -> Statement[ReportOutcome]:
-        return Statement("complete_action", self._attempt(holder, now) | {
+        return self._statement("complete_action", self._attempt(holder, now) | {
             "result": _json_arg(result, "result"),
             "provider_reference": _args.optional_text(provider_reference, "provider_reference"),
         }, _report)
 
     def fail(self, holder: Claim | AttemptToken, error: Any, retryable: bool,
              now: datetime | None) -> Statement[ReportOutcome]:
-        return Statement("fail_action", self._attempt(holder, now) | {
+        return self._statement("fail_action", self._attempt(holder, now) | {
             "error": _json_arg(error, "error"), "retryable": _args.flag(retryable, "retryable"),
         }, _report)
 
     def mark_unknown(self, holder: Claim | AttemptToken, error: Any,
                      now: datetime | None) -> Statement[ReportOutcome]:
-        return Statement("mark_action_unknown", self._attempt(holder, now) | {
+        return self._statement("mark_action_unknown", self._attempt(holder, now) | {
             "error": _json_arg(error, "error")}, _report)
 
     def resolve(self, action_key: str, state: ActionState | str, result: Any, error: Any,
                 provider_reference: str | None, note: str | None,
                 now: datetime | None, expected_attempt: int | None = None
                 ) -> Statement[ActionState]:
-        return Statement("resolve_action", self._key(action_key) | {
+        return self._statement("resolve_action", self._key(action_key) | {
             "state": _args.text(str(state) if isinstance(state, ActionState) else state, "state"),
             "result": None if result is None else _json_arg(result, "result"),
             "error": None if error is None else _json_arg(error, "error"),
@@ -232,57 +259,75 @@ class Calls:
         }, _state)
 
     def reopen(self, action_key: str, note: str, now: datetime | None) -> Statement[ActionState]:
-        return Statement("reopen_action", self._key(action_key) | {
+        return self._statement("reopen_action", self._key(action_key) | {
             "note": _args.text(note, "note"), "now": _args.moment(now)}, _state)
 
     def unknown_actions(self, limit: int, older_than: Lease) -> Statement[list[Action]]:
         """The tenant's ``unknown`` actions, oldest first, unknown for longer than
         ``older_than`` (what reconciliation works through)."""
-        return Statement("unknown_actions", {
+        return self._statement("unknown_actions", {
             "tenant_id": self.tenant_id, "limit": _args.integer(limit, "limit"),
             "older_than": _args.age(older_than, "older_than")}, _actions)
 
-    @staticmethod
-    def sweep(limit: int, now: datetime | None) -> Statement[int]:
-        return Statement("sweep_expired_actions", {
+    def sweep(self, limit: int, now: datetime | None) -> Statement[int]:
+        """Every tenant the caller may act for; under a grant, the grant's tenant."""
+        return self._statement("sweep_expired_actions", {
             "limit": _args.integer(limit, "limit"), "now": _args.moment(now)}, _value)
 
-    @staticmethod
-    def purge(older_than: Lease, limit: int, now: datetime | None) -> Statement[int]:
-        return Statement("purge_actions", {
+    def purge(self, older_than: Lease, limit: int, now: datetime | None) -> Statement[int]:
+        """As :meth:`sweep`."""
+        return self._statement("purge_actions", {
             "older_than": _args.age(older_than, "older_than"),
             "limit": _args.integer(limit, "limit"), "now": _args.moment(now)}, _value)
 
     def get(self, action_key: str) -> Statement[Action | None]:
-        return Statement("get_action", self._key(action_key), _action)
+        return self._statement("get_action", self._key(action_key), _action)
 
     def attempts(self, action_key: str) -> Statement[list[Attempt]]:
-        return Statement("list_attempts", self._key(action_key), _attempts)
+        return self._statement("list_attempts", self._key(action_key), _attempts)
+
+    def revoke_grants(self) -> Statement[int]:
+        """``revoke_tenant_grants`` for this tenant: every grant issued for it so far is
+        refused from the next call on; answers the tenant's new generation."""
+        return self._statement("revoke_tenant_grants", {"tenant_id": self.tenant_id}, _value)
 
 
 # --- the thread functions ----------------------------------------------------------------
 
 class ThreadCalls:
-    """The thread-state SQL functions for one tenant (and optionally one user)."""
+    """The thread-state SQL functions for one tenant (and optionally one user). ``grant``:
+    as for :class:`Calls`; a grant that names a user restricts the calls to that user's
+    threads (``user_id`` None: the grant's user), and a ``user_id`` it is not for is refused."""
 
-    __slots__ = ("tenant_id", "user_id")
+    __slots__ = ("grant", "tenant_id", "user_id")
 
-    def __init__(self, tenant_id: str, user_id: str | None) -> None:
-        self.tenant_id = _args.text_id(tenant_id, "tenant_id")
+    def __init__(self, tenant_id: str | None, user_id: str | None,
+                 grant: GrantArg | None = None) -> None:
+        self.grant = grant_of(grant, tenant_id)
+        self.tenant_id = _args.text_id(tenant_of(tenant_id, self.grant), "tenant_id")
         self.user_id = _args.optional_id(user_id, "user_id")
+        if (self.grant is not None and self.grant.user_id is not None
+                and self.user_id is not None and self.user_id != self.grant.user_id):
+            raise InvalidArgument(
+                f"user_id is {self.user_id!r}, but the grant is for user "
+                f"{self.grant.user_id!r} (omit user_id to act as the grant's user)")
+
+    def _statement(self, name: str, params: dict[str, Any], decode: Callable[[Rows], T]
+                   ) -> Statement[T]:
+        return Statement(name, params, decode, self.grant)
 
     def _key(self, thread_id: str) -> dict[str, Any]:
         return {"tenant_id": self.tenant_id, "thread_id": _args.text_id(thread_id, "thread_id"),
                 "user_id": self.user_id}
 
     def read(self, thread_id: str) -> Statement[ThreadState]:
-        return Statement("read_thread", self._key(thread_id), _thread_state)
+        return self._statement("read_thread", self._key(thread_id), _thread_state)
 
     def write(self, thread_id: str, state: dict[str, Any], expected_version: int,
               history_limit: int | None) -> Statement[int]:
         if isinstance(expected_version, bool) or not isinstance(expected_version, int):
             raise InvalidArgument("expected_version must be an int (0 creates the thread)")
-        return Statement("write_thread", self._key(thread_id) | {
+        return self._statement("write_thread", self._key(thread_id) | {
             "expected_version": expected_version,
             "state": _json.dumps_object(state, "state"),
             "history_limit": None if history_limit is None
@@ -290,8 +335,8 @@ class ThreadCalls:
         }, _value)
 
     def history(self, thread_id: str, limit: int) -> Statement[list[ThreadVersion]]:
-        return Statement("thread_history", self._key(thread_id) | {
+        return self._statement("thread_history", self._key(thread_id) | {
             "limit": _args.integer(limit, "limit")}, _thread_versions)
 
     def delete(self, thread_id: str) -> Statement[bool]:
-        return Statement("delete_thread", self._key(thread_id), _value)
+        return self._statement("delete_thread", self._key(thread_id), _value)

@@ -12,8 +12,9 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from replaysafe_pg import arun, reconcile, run, runner
+from replaysafe_pg import arun, queries, reconcile, run, runner
 from replaysafe_pg._conn import AsyncConninfo, AsyncSource, Conninfo, SyncSource
+from replaysafe_pg._grant import GrantArg
 from replaysafe_pg._heartbeat import Heartbeater
 from replaysafe_pg.calls import Calls, Lease, Statement, default_worker_id
 from replaysafe_pg.errors import InvalidArgument
@@ -49,9 +50,9 @@ class _LedgerBase:
 
     _awaits = False  # the async flavour awaits coroutine tools
 
-    def __init__(self, *, tenant_id: str, worker_id: str | None,
-                 encoder: Encoder | None) -> None:
-        self._calls = Calls(tenant_id, worker_id)
+    def __init__(self, *, tenant_id: str | None, worker_id: str | None,
+                 encoder: Encoder | None, grant: GrantArg | None) -> None:
+        self._calls = Calls(tenant_id, worker_id, grant)
         # run(): results whose JSON is larger are not stored (the action becomes unknown).
         self.max_result_bytes = MAX_RESULT_BYTES
         # run(): what turns a tool's result into JSON data; None is pydantic-core's
@@ -92,13 +93,26 @@ class Ledger(_LedgerBase):
     ``run``'s waiters LISTEN for wake-ups: True (one connection to where ``conninfo``
     points, outside any pool), a DSN (a direct one, behind a transaction pooler), or False
     (none: waiters claim again every second).
+
+    ``grant``: a tenant grant (``replaysafe_pg.issue_grant``), or a zero-argument callable
+    returning the current one (asked once here and before every statement, so a long-lived
+    ledger can be handed fresh grants), for a pooled login that is bound to no tenant
+    (docs/isolation.md#tenant-grants). Every call then sends it; ``tenant_id`` may be
+    omitted (it is then the grant's) and must be the grant's when given (``tenant_id``
+    omitted without a grant: ``"default"``). The reads of the views (``get``, ``attempts``,
+    ``reconcile``'s work list) put the grant in force with ``use_grant`` first, in their
+    own transaction; on a connection inside a transaction of the caller's, in that one
+    (where it then stays in force until it ends).
     """
 
-    def __init__(self, conninfo: Conninfo, *, tenant_id: str = "default",
+    def __init__(self, conninfo: Conninfo, *, tenant_id: str | None = None,
                  worker_id: str | None = None, encoder: Encoder | None = None,
-                 prepare: bool | None = None, listen: str | bool = True) -> None:
-        super().__init__(tenant_id=tenant_id, worker_id=worker_id, encoder=encoder)
-        self._source = SyncSource(conninfo, prepare=prepare, listen=listen)
+                 prepare: bool | None = None, listen: str | bool = True,
+                 grant: GrantArg | None = None) -> None:
+        super().__init__(tenant_id=tenant_id, worker_id=worker_id, encoder=encoder,
+                         grant=grant)
+        self._source = SyncSource(conninfo, prepare=prepare, listen=listen,
+                                  use_grant=queries.get("use_grant"))
         self._heartbeats = Heartbeater(self._source)
         self._runner = run.Runner(self._calls, self._source, self._heartbeats)
 
@@ -214,12 +228,21 @@ class Ledger(_LedgerBase):
         return reconcile.reconcile(self._send, self._calls, request)
 
     def sweep(self, *, limit: int = 1000, now: datetime | None = None) -> int:
-        """``sweep_expired_actions`` over every tenant this role may see."""
+        """``sweep_expired_actions`` over every tenant this role may see (under a grant:
+        the grant's tenant)."""
         return self._send(self._calls.sweep(limit, now))
 
     def purge(self, older_than: Lease, *, limit: int = 10000, now: datetime | None = None) -> int:
-        """``purge_actions`` over every tenant this role may see; one batch of ``limit``."""
+        """``purge_actions`` over every tenant this role may see (under a grant: the
+        grant's tenant); one batch of ``limit``."""
         return self._send(self._calls.purge(older_than, limit, now))
+
+    def revoke_grants(self) -> int:
+        """``revoke_tenant_grants`` for this ledger's tenant (the schema owner, or an
+        operator of the tenant: bound to it, or under a grant with the operator duty): every
+        grant issued for the tenant so far, this ledger's own included, is refused from the
+        next call on. Returns the tenant's new revocation generation."""
+        return self._send(self._calls.revoke_grants())
 
     def get(self, action_key: str) -> Action | None:
         return self._send(self._calls.get(action_key))
@@ -233,11 +256,14 @@ class AsyncLedger(_LedgerBase):
 
     _awaits = True
 
-    def __init__(self, conninfo: AsyncConninfo, *, tenant_id: str = "default",
+    def __init__(self, conninfo: AsyncConninfo, *, tenant_id: str | None = None,
                  worker_id: str | None = None, encoder: Encoder | None = None,
-                 prepare: bool | None = None, listen: str | bool = True) -> None:
-        super().__init__(tenant_id=tenant_id, worker_id=worker_id, encoder=encoder)
-        self._source = AsyncSource(conninfo, prepare=prepare, listen=listen)
+                 prepare: bool | None = None, listen: str | bool = True,
+                 grant: GrantArg | None = None) -> None:
+        super().__init__(tenant_id=tenant_id, worker_id=worker_id, encoder=encoder,
+                         grant=grant)
+        self._source = AsyncSource(conninfo, prepare=prepare, listen=listen,
+                                   use_grant=queries.get("use_grant"))
         self._runner = arun.Runner(self._calls, self._source)
 
     async def close(self) -> None:
@@ -328,6 +354,10 @@ class AsyncLedger(_LedgerBase):
     async def purge(self, older_than: Lease, *, limit: int = 10000,
                     now: datetime | None = None) -> int:
         return await self._send(self._calls.purge(older_than, limit, now))
+
+    async def revoke_grants(self) -> int:
+        """See :meth:`Ledger.revoke_grants`."""
+        return await self._send(self._calls.revoke_grants())
 
     async def get(self, action_key: str) -> Action | None:
         return await self._send(self._calls.get(action_key))

@@ -1,10 +1,12 @@
 """The driver's SQL, loaded once from ``sql/queries.sql`` (split at ``-- name: ... --``).
 
-Time-sensitive queries end their call with ``, p_now => %(now)s::pg_catalog.timestamptz``.
-The loader derives a second form without that argument, and :func:`get` picks the form from
-the parameters: ``p_now`` is sent only when the caller gave a ``now``; otherwise it is left
-out and the function's default (the moment of the call) applies — never the start of a
-transaction, and never a client clock.
+Two arguments are optional in every query that has them: the caller's clock
+(``, p_now => %(now)s::pg_catalog.timestamptz``) and a tenant grant
+(``, p_grant => %(grant)s::pg_catalog.text``). The loader derives the forms without them, and
+:func:`get` picks the form from the parameters: each is sent only when the caller gave it
+(not None). Without ``now`` the function's default (the moment of the call) applies — never
+the start of a transaction, and never a client clock; without a grant, the statement is the
+one a bound login has always sent.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ from typing import Any, LiteralString, cast
 from replaysafe_pg._paths import sql_dir
 
 _MARKER = re.compile(r"^-- name: (\w+) --$", re.MULTILINE)
-# How a query passes the caller's clock; it is removed whole to leave the default in force.
+# How a query passes the caller's clock and a grant; each is removed whole to leave the
+# function's default in force.
 NOW_ARGUMENT = ", p_now => %(now)s::pg_catalog.timestamptz"
+GRANT_ARGUMENT = ", p_grant => %(grant)s::pg_catalog.text"
 _NOW_WORD = re.compile(r"\b(p_now|now)\b")
 
 
@@ -46,21 +50,35 @@ def all_queries() -> dict[str, LiteralString]:
     return parse((sql_dir() / "queries.sql").read_text(encoding="utf-8"))
 
 
+def _without(query: LiteralString, now: bool, grant: bool) -> LiteralString:
+    if not now:
+        query = without_now(query)
+    if not grant:
+        query = cast(LiteralString, query.replace(GRANT_ARGUMENT, "", 1))  # type: ignore[redundant-cast]
+    return query
+
+
 @cache
-def _defaulted() -> dict[str, LiteralString]:
-    return {name: without_now(q) for name, q in all_queries().items() if NOW_ARGUMENT in q}
+def _forms() -> dict[tuple[str, bool, bool], LiteralString]:
+    """Every query in each form: (name, sends p_now, sends p_grant)."""
+    return {(name, now, grant): _without(q, now, grant)
+            for name, q in all_queries().items() for now in (False, True) for grant in (False, True)}
 
 
 def takes_now(name: str) -> bool:
-    return name in _defaulted()
+    return NOW_ARGUMENT in all_queries()[name]
+
+
+def takes_grant(name: str) -> bool:
+    return GRANT_ARGUMENT in all_queries()[name]
 
 
 def get(name: str, params: Mapping[str, Any] | None = None) -> LiteralString:
     """The query ``name`` to send with ``params``: the one place that decides whether
-    ``p_now`` is sent (only when ``params`` carry a ``now`` that is not None)."""
-    if params is not None and params.get("now") is not None:
-        return all_queries()[name]
-    return _defaulted().get(name) or all_queries()[name]
+    ``p_now`` and ``p_grant`` are sent (each only when ``params`` carry it, not None)."""
+    if params is None:
+        return _forms()[name, False, False]
+    return _forms()[name, params.get("now") is not None, params.get("grant") is not None]
 
 
 @cache

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 from replaysafe_pg._conn import AsyncConninfo, AsyncSource, Conninfo, SyncSource
+from replaysafe_pg._grant import GrantArg
 from replaysafe_pg.calls import Statement, ThreadCalls
 from replaysafe_pg.models import ThreadState, ThreadVersion
 
@@ -22,8 +23,9 @@ T = TypeVar("T")
 class _ThreadsBase:
     """What both flavours share: the calls bound to tenant and user."""
 
-    def __init__(self, *, tenant_id: str, user_id: str | None) -> None:
-        self._calls = ThreadCalls(tenant_id, user_id)
+    def __init__(self, *, tenant_id: str | None, user_id: str | None,
+                 grant: GrantArg | None) -> None:
+        self._calls = ThreadCalls(tenant_id, user_id, grant)
 
     @property
     def tenant_id(self) -> str:
@@ -31,6 +33,8 @@ class _ThreadsBase:
 
     @property
     def user_id(self) -> str | None:
+        """The ``user_id`` given (under a grant that names a user and without one, the
+        database takes the grant's user)."""
         return self._calls.user_id
 
 
@@ -41,11 +45,16 @@ class Threads(_ThreadsBase):
     or a psycopg_pool pool. With ``user_id``, threads this object creates belong to that user,
     and threads of other users raise :class:`~replaysafe_pg.errors.AccessDenied`.
     ``prepare``: where statements are prepared (see :class:`~replaysafe_pg.Ledger`).
+    ``grant``: a tenant grant or a callable returning the current one, sent with every call
+    (see :class:`~replaysafe_pg.Ledger`); ``tenant_id`` may then be omitted. A grant that
+    names a user restricts this object to that user's threads: ``user_id`` must be that
+    user or omitted (the database then takes the grant's user).
     """
 
-    def __init__(self, conninfo: Conninfo, *, tenant_id: str = "default",
-                 user_id: str | None = None, prepare: bool | None = None) -> None:
-        super().__init__(tenant_id=tenant_id, user_id=user_id)
+    def __init__(self, conninfo: Conninfo, *, tenant_id: str | None = None,
+                 user_id: str | None = None, prepare: bool | None = None,
+                 grant: GrantArg | None = None) -> None:
+        super().__init__(tenant_id=tenant_id, user_id=user_id, grant=grant)
         self._source = SyncSource(conninfo, prepare=prepare, listen=False)
 
     def close(self) -> None:
@@ -82,9 +91,10 @@ class Threads(_ThreadsBase):
 class AsyncThreads(_ThreadsBase):
     """Thread state for one tenant (asyncio); same methods as :class:`Threads`."""
 
-    def __init__(self, conninfo: AsyncConninfo, *, tenant_id: str = "default",
-                 user_id: str | None = None, prepare: bool | None = None) -> None:
-        super().__init__(tenant_id=tenant_id, user_id=user_id)
+    def __init__(self, conninfo: AsyncConninfo, *, tenant_id: str | None = None,
+                 user_id: str | None = None, prepare: bool | None = None,
+                 grant: GrantArg | None = None) -> None:
+        super().__init__(tenant_id=tenant_id, user_id=user_id, grant=grant)
         self._source = AsyncSource(conninfo, prepare=prepare, listen=False)
 
     async def close(self) -> None:

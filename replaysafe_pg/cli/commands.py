@@ -39,6 +39,7 @@ from psycopg.rows import dict_row
 
 from replaysafe_pg import queries, schema
 from replaysafe_pg.cli import embedded, render
+from replaysafe_pg.cli import grant as grant_cli
 from replaysafe_pg.cli.db import ConnectError, Database, first_line
 from replaysafe_pg.errors import (
     AccessDenied,
@@ -464,6 +465,16 @@ def doctor(ctx: click.Context, conn: psycopg.Connection[Any]) -> None:
                            "ok": table["rls_enabled"],
                            "detail": "enabled" if table["rls_enabled"] else "DISABLED"})
         advice = _timeout_advice(_rows(conn, "worker_settings"))
+        checks += _grant_checks(conn, owner=bool(scope and scope["owner"]) and current == head)
+        if scope and scope["owner"] and current == head:
+            copy = _rows(conn, "installation_copy")
+            if copy and copy[0]["copied"]:
+                advice.append(
+                    "this database is a copy (a template clone or a restore) of the one the "
+                    f"installation {copy[0]['installation_id']} was made in: it refuses the "
+                    "original's tenant grants, and shares its grant keys; give it keys of its "
+                    "own: SELECT replaysafe.rotate_grant_key(p_keep_previous => false) "
+                    "(docs/isolation.md#tenant-grants)")
         assert scope is not None
         if scope["reads_actions"]:
             counts = {r["state"]: r["actions"] for r in _rows(conn, "counts_by_state")}
@@ -488,6 +499,25 @@ def doctor(ctx: click.Context, conn: psycopg.Connection[Any]) -> None:
                        "counts_scope": counts_scope, "revision": current, "head": head})
     if not ok:
         ctx.exit(EXIT_ATTENTION)
+
+
+def _grant_checks(conn: psycopg.Connection[Any], *, owner: bool) -> list[dict[str, Any]]:
+    """Logins that can grant themselves a tenant: issuers that also act, and (as the owner,
+    who reads the bindings) unbound logins of a group role that are members of bound roles."""
+    both = _rows(conn, "issuers_with_duties")
+    checks = [{"check": "issuers", "ok": not both, "detail": "no login both issues tenant grants "
+               "and acts" if not both else "; ".join(
+                   f"{r['role']} is a member of replaysafe_issuer and of {', '.join(r['duties'])}"
+                   for r in both) + ": an issuer must not act (docs/isolation.md#tenant-grants)"}]
+    if owner:
+        pooled = _rows(conn, "pooled_logins_in_bound_roles")
+        checks.append({"check": "pooled logins", "ok": not pooled, "detail": (
+            "no unbound login of a group role is a member of a bound role" if not pooled
+            else "; ".join(f"{r['role']} is a member of bound role(s) {', '.join(r['bound_roles'])}"
+                           for r in pooled)
+            + ": with SET ROLE it acts for their tenants without a grant; REVOKE them "
+            "(docs/isolation.md#tenant-grants)")})
+    return checks
 
 
 # What doctor recommends a worker login sets, and to what (docs/deploying.md#timeouts).
@@ -1254,3 +1284,9 @@ def server_stop(ctx: click.Context) -> None:
              else f"not running: {status.pgdata}")
     _emit(ctx, human, {"stopped": status.running, "pid": status.pid,
                        "pgdata": str(status.pgdata)})
+
+
+# --- grant (replaysafe_pg/cli/grant.py) -----------------------------------------------------
+
+grant_cli.register(main, group_cls=_Group, options=global_options, with_conn=_with_conn,
+                   emit=_emit, duration=Duration())

@@ -29,6 +29,7 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from replaysafe_pg import queries
 from replaysafe_pg._args import text_id
+from replaysafe_pg._grant import GrantArg, grant_of, tenant_of
 from replaysafe_pg.errors import InvalidArgument, StaleCheckpointError
 
 Row = tuple[Any, ...]
@@ -67,11 +68,14 @@ def _json(value: Any) -> str:
 
 
 class Codec:
-    """The calls of one saver: tenant and serializer bound."""
+    """The calls of one saver: tenant, serializer and tenant grant bound (``grant``: see
+    :class:`~replaysafe_pg.calls.Calls`; ``tenant_id`` None is then the grant's tenant)."""
 
-    def __init__(self, tenant_id: str, serde: SerializerProtocol,
-                 history_limit: int | None = None, *, allow_pickle: bool = False) -> None:
-        self.tenant_id = text_id(tenant_id, "tenant_id")
+    def __init__(self, tenant_id: str | None, serde: SerializerProtocol,
+                 history_limit: int | None = None, *, allow_pickle: bool = False,
+                 grant: GrantArg | None = None) -> None:
+        self.grant = grant_of(grant, tenant_id)
+        self.tenant_id = text_id(tenant_of(tenant_id, self.grant), "tenant_id")
         self.serde = serde
         self.allow_pickle = allow_pickle is True
         if history_limit is not None and (isinstance(history_limit, bool)
@@ -102,6 +106,15 @@ class Codec:
     @staticmethod
     def query(name: str) -> LiteralString:
         return queries.get(name)
+
+    def statement(self, name: str, params: dict[str, Any]
+                  ) -> tuple[LiteralString, dict[str, Any]]:
+        """The query ``name`` and the parameters to send: under a grant, with the current
+        grant (asked for here, once per statement); without one, exactly ``params``."""
+        if self.grant is None:
+            return queries.get(name), params
+        params = params | {"grant": self.grant.current()}
+        return queries.get(name, params), params
 
     # --- put ------------------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from replaysafe_pg._conn import AsyncConninfo, AsyncSource, Conninfo, SyncSource
+from replaysafe_pg._grant import GrantArg
 from replaysafe_pg.langgraph._codec import Codec, next_version, strict_serde
 
 __all__ = ["AsyncReplaysafeSaver", "ReplaysafeSaver"]
@@ -36,10 +37,12 @@ class _Base(BaseCheckpointSaver[str]):
 
     _codec: Codec
 
-    def __init__(self, *, tenant_id: str, serde: SerializerProtocol | None,
-                 history_limit: int | None, allow_pickle: bool) -> None:
+    def __init__(self, *, tenant_id: str | None, serde: SerializerProtocol | None,
+                 history_limit: int | None, allow_pickle: bool,
+                 grant: GrantArg | None) -> None:
         super().__init__(serde=serde if serde is not None else strict_serde())
-        self._codec = Codec(tenant_id, self.serde, history_limit, allow_pickle=allow_pickle)
+        self._codec = Codec(tenant_id, self.serde, history_limit, allow_pickle=allow_pickle,
+                            grant=grant)
 
     def with_allowlist(self, extra_allowlist: Collection[tuple[str, ...]]
                        ) -> BaseCheckpointSaver[str]:
@@ -75,24 +78,29 @@ class ReplaysafeSaver(_Base):
     ``JsonPlusSerializer(pickle_fallback=True)`` writes them: any writer of the tenant's
     checkpoints can then run code in every process that loads them. Refused by default.
     ``prepare``: where statements are prepared (see :class:`~replaysafe_pg.Ledger`).
+    ``grant``: a tenant grant, or a callable returning the current one, sent with every call
+    (see :class:`~replaysafe_pg.Ledger`); ``tenant_id`` may then be omitted. Under a grant
+    that names a user, the saver reaches only that user's threads, and the threads it
+    creates are that user's (docs/isolation.md#tenant-grants).
     """
 
-    def __init__(self, conninfo: Conninfo, *, tenant_id: str = "default",
+    def __init__(self, conninfo: Conninfo, *, tenant_id: str | None = None,
                  serde: SerializerProtocol | None = None,
                  history_limit: int | None = None, allow_pickle: bool = False,
-                 prepare: bool | None = None) -> None:
+                 prepare: bool | None = None, grant: GrantArg | None = None) -> None:
         super().__init__(tenant_id=tenant_id, serde=serde, history_limit=history_limit,
-                         allow_pickle=allow_pickle)
+                         allow_pickle=allow_pickle, grant=grant)
         self._source = SyncSource(conninfo, prepare=prepare, listen=False)
 
     @classmethod
     @contextlib.contextmanager
-    def from_conn_string(cls, conn_string: str, *, tenant_id: str = "default",
+    def from_conn_string(cls, conn_string: str, *, tenant_id: str | None = None,
                          serde: SerializerProtocol | None = None,
                          history_limit: int | None = None, allow_pickle: bool = False,
-                         prepare: bool | None = None) -> Iterator[ReplaysafeSaver]:
+                         prepare: bool | None = None,
+                         grant: GrantArg | None = None) -> Iterator[ReplaysafeSaver]:
         saver = cls(conn_string, tenant_id=tenant_id, serde=serde, history_limit=history_limit,
-                    allow_pickle=allow_pickle, prepare=prepare)
+                    allow_pickle=allow_pickle, prepare=prepare, grant=grant)
         try:
             yield saver
         finally:
@@ -108,7 +116,8 @@ class ReplaysafeSaver(_Base):
         self.close()
 
     def _call(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-        return self._source.execute(Codec.query(name), params, binary=True)
+        query, params = self._codec.statement(name, params)
+        return self._source.execute(query, params, binary=True)
 
     def setup(self) -> None:
         """Check that the schema is installed and that this role may act for the tenant
@@ -193,12 +202,12 @@ class AsyncReplaysafeSaver(_Base):
     ``AsyncConnection`` or an ``AsyncConnectionPool``). The sync methods may be called from
     another thread than the event loop's (as LangGraph's sync API does with an async saver)."""
 
-    def __init__(self, conninfo: AsyncConninfo, *, tenant_id: str = "default",
+    def __init__(self, conninfo: AsyncConninfo, *, tenant_id: str | None = None,
                  serde: SerializerProtocol | None = None,
                  history_limit: int | None = None, allow_pickle: bool = False,
-                 prepare: bool | None = None) -> None:
+                 prepare: bool | None = None, grant: GrantArg | None = None) -> None:
         super().__init__(tenant_id=tenant_id, serde=serde, history_limit=history_limit,
-                         allow_pickle=allow_pickle)
+                         allow_pickle=allow_pickle, grant=grant)
         self._source = AsyncSource(conninfo, prepare=prepare, listen=False)
         try:
             self.loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
@@ -207,12 +216,13 @@ class AsyncReplaysafeSaver(_Base):
 
     @classmethod
     @contextlib.asynccontextmanager
-    async def from_conn_string(cls, conn_string: str, *, tenant_id: str = "default",
+    async def from_conn_string(cls, conn_string: str, *, tenant_id: str | None = None,
                                serde: SerializerProtocol | None = None,
                                history_limit: int | None = None, allow_pickle: bool = False,
-                               prepare: bool | None = None) -> AsyncIterator[AsyncReplaysafeSaver]:
+                               prepare: bool | None = None, grant: GrantArg | None = None
+                               ) -> AsyncIterator[AsyncReplaysafeSaver]:
         saver = cls(conn_string, tenant_id=tenant_id, serde=serde, history_limit=history_limit,
-                    allow_pickle=allow_pickle, prepare=prepare)
+                    allow_pickle=allow_pickle, prepare=prepare, grant=grant)
         try:
             yield saver
         finally:
@@ -228,7 +238,8 @@ class AsyncReplaysafeSaver(_Base):
         await self.aclose()
 
     async def _call(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-        return await self._source.execute(Codec.query(name), params, binary=True)
+        query, params = self._codec.statement(name, params)
+        return await self._source.execute(query, params, binary=True)
 
     async def setup(self) -> None:
         """See :meth:`ReplaysafeSaver.setup`."""
