@@ -74,8 +74,8 @@ CREATE FUNCTION anatomy.wrapper_claim{CLAIM_SIGNATURE} AS $$
 CREATE FUNCTION anatomy.wrapper_replay{CLAIM_SIGNATURE} AS $$
 {wrapped("replay", "replaysafe.actions")} $$;
 """
-# claim_action's tenant check: the inline common case (revision 0008; from 0012 it also sends
-# a grant to _acts_for) or, before it, the call.
+# claim_action's tenant check: the inline common case (with or without the grant's test) or,
+# in older revisions, the call.
 TENANT_CHECK = re.compile(r"IF (?:p_grant IS NOT NULL OR )?pg_collation_for\(p_tenant_id\).*?END IF;|"
                           r"PERFORM replaysafe\._acts_for\(p_tenant_id\);", re.S)
 

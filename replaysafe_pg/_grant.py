@@ -22,7 +22,7 @@ from typing import Any, TypeAlias
 from replaysafe_pg._args import text_id
 from replaysafe_pg.errors import InvalidArgument
 
-# sql/functions/tenant_grants.sql (_verified_grant): three base64url parts, the last one a
+# sql/functions/tenant_grants.sql (_acts_with_grant): three base64url parts, the last one a
 # canonical 32-byte HMAC-SHA256 (43 characters, the last carrying two zero bits), at most
 # 2 KiB in all.
 MAX_GRANT_BYTES = 2048

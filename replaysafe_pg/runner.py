@@ -100,7 +100,7 @@ class Plan:
 
     @property
     def lease(self) -> Any:
-        return self.claim.params["lease"]
+        return self.claim.args["lease"]
 
 
 def make_plan(calls: Calls, operation: str, fn: Callable[..., Any], args: dict[str, Any],
@@ -122,7 +122,7 @@ def make_plan(calls: Calls, operation: str, fn: Callable[..., Any], args: dict[s
                         new_claim_token())
     if not all(isinstance(name, str) for name in args):
         raise InvalidArgument("args must have string keys (they are passed as keyword arguments)")
-    lease_seconds = claim.params["lease"].total_seconds()  # positive: checked by the builder
+    lease_seconds = claim.args["lease"].total_seconds()  # positive: checked by the builder
     if _args.seconds(wait_timeout, "wait_timeout") < 0:
         raise InvalidArgument("wait_timeout must be a number of seconds >= 0")
     if timeout is not None and _args.seconds(timeout, "timeout") <= 0:
@@ -154,11 +154,11 @@ def new_claim_token() -> str:
 def claim_many(calls: Calls, plans: list[Plan]) -> Statement[list[Claim]]:
     """One claim for every plan (their requests already serialised by :func:`make_plan`),
     each with its plan's claim token."""
-    first = plans[0].claim.params
+    first = plans[0].claim.args
     return calls.claim_many(
-        [(p.key, p.operation, Encoded(p.claim.params["request"])) for p in plans],
+        [(p.key, p.operation, Encoded(p.claim.args["request"])) for p in plans],
         first["lease"], first["thread_id"], first["on_expired"], None,
-        [p.claim.params["claim_token"] for p in plans])
+        [p.claim.args["claim_token"] for p in plans])
 
 
 def to_run(plans: list[Plan], claims: list[Claim]) -> tuple[list[Execution | BaseException | None],
@@ -266,7 +266,7 @@ class Report:
         if row is None or row.outcome != self.state or row.superseded:
             return False
         field = "result" if self.state == ActionState.SUCCEEDED else "error"
-        sent = self.statement.params.get(field)
+        sent = self.statement.args.get(field)
         return sent is not None and getattr(row, field) == _json.loads(sent)
 
     @classmethod

@@ -218,6 +218,33 @@ FROM (SELECT coalesce(
 WHERE n.nspname = 'replaysafe'
   AND pg_current_xact_id_if_assigned() IS DISTINCT FROM '0'::xid8;
 
+-- As in sql/functions/tenancy.sql, but through role_binding_nodes on the node that evaluates
+-- it (the hot functions' common case reads the binding here).
+CREATE OR REPLACE FUNCTION replaysafe._binding()
+RETURNS text
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_role   text := CASE WHEN current_setting('role') = 'none' THEN session_user::text
+                          ELSE current_setting('role') END;
+    v_group  integer := (SELECT g.groupid FROM pg_catalog.pg_dist_local_group g);
+    v_tenant text;
+BEGIN
+    SELECT b.tenant_id INTO v_tenant FROM replaysafe.role_binding_nodes m
+    JOIN replaysafe.role_bindings b ON b.role_oid = m.bound_oid
+    WHERE m.groupid = v_group AND m.role_oid = to_regrole(quote_ident(v_role))::oid
+      AND m.role_name = v_role;
+    IF NOT FOUND THEN
+        SELECT b.tenant_id INTO v_tenant FROM replaysafe.role_binding_nodes m
+        JOIN replaysafe.role_bindings b ON b.role_oid = m.bound_oid
+        WHERE m.groupid = v_group AND m.role_oid = to_regrole(quote_ident(session_user::text))::oid
+          AND m.role_name = session_user::text;
+    END IF;
+    RETURN v_tenant;
+END
+$$;
+
 -- Rebuild role_binding_nodes from role_bindings and every node's catalog (schema owner only).
 -- Returns the number of (node, role) rows. Reads each worker's pg_roles first (its own
 -- connections, read-only), then rewrites the reference table in this transaction.

@@ -24,9 +24,10 @@ DROP FUNCTION replaysafe._base64url(bytea);
 DROP FUNCTION replaysafe._sweep_scope(text, text, text[]);
 DROP FUNCTION replaysafe._langgraph_user_thread(text, text, text, boolean);
 DROP FUNCTION replaysafe._durable();
+DROP FUNCTION replaysafe._binding();
 
 DROP FUNCTION replaysafe._acts_for(text, text, text[], boolean);
-DROP FUNCTION replaysafe._check_now(timestamptz, text);
+DROP FUNCTION replaysafe._check_now(timestamptz, text, boolean);
 DROP FUNCTION replaysafe.claim_action(text, text, text, jsonb, text, interval, text, text,
                                       timestamptz, text, text);
 DROP FUNCTION replaysafe._claim_locked(text, text, text, jsonb, text, interval, text, text,

@@ -53,8 +53,9 @@ $$;
 -- (within those 5 minutes: client clocks drift) is taken as the clock, so a worker can never
 -- expire or re-claim another caller's lease early. A caller with a tenant grant may move time
 -- only when the grant too gives it the operator duty (the tenant check follows and verifies
--- the grant; here it is only read).
-CREATE OR REPLACE FUNCTION replaysafe._check_now(p_now timestamptz, p_grant text DEFAULT NULL)
+-- the grant; here it is only read; p_report: see _acts_with_grant).
+CREATE OR REPLACE FUNCTION replaysafe._check_now(p_now timestamptz, p_grant text DEFAULT NULL,
+                                                 p_report boolean DEFAULT false)
 RETURNS timestamptz
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -77,7 +78,8 @@ BEGIN
             RETURN p_now;
         END IF;
     -- Under a grant, the operator duty must be both the grant's and the caller's (USAGE).
-    ELSIF (replaysafe._acts_with_grant(NULL, p_grant, '{worker,operator,auditor}') -> 'dut') ? 'operator'
+    ELSIF (replaysafe._acts_with_grant(NULL, p_grant, '{worker,operator,auditor}', p_report)
+           -> 'dut') ? 'operator'
           AND EXISTS (SELECT 1 FROM replaysafe._caller c
                       WHERE NOT c.restricted AND pg_has_role(
                           c.role_name, coalesce(to_regrole('replaysafe_operator')::oid, 0::oid),

@@ -239,12 +239,13 @@ BEGIN
         PERFORM replaysafe._invalid('p_history_limit',
             'must be a positive number of checkpoints (got ' || p_history_limit || ')');
     END IF;
-    -- The tenant check's common case inline: a caller bound to p_tenant_id, per _caller
-    -- (which holds the security-restricted-operation probe), without a grant. Anything else,
-    -- and any argument with a COLLATE clause, takes _acts_for's whole path (its answer or its
-    -- error). Both tests compare under "C" (see _acts_for).
+    -- The tenant check's common case inline: a caller bound to p_tenant_id (_binding), outside
+    -- a security-restricted operation, without a grant. Anything else, and any argument with a
+    -- COLLATE clause, takes _acts_for's whole path (its answer or its error). Both tests
+    -- compare under "C" (see _acts_for).
     IF p_grant IS NOT NULL OR pg_collation_for(p_tenant_id) COLLATE "C" IS DISTINCT FROM '"default"'
-       OR ((SELECT c.tenant_id FROM replaysafe._caller c) = p_tenant_id COLLATE "C") IS NOT TRUE THEN
+       OR (replaysafe._binding() = p_tenant_id COLLATE "C") IS NOT TRUE
+       OR replaysafe._in_restricted_operation() THEN
         v_user := replaysafe._acts_for(p_tenant_id, p_grant);
     END IF;
     PERFORM replaysafe._langgraph_user_thread(p_tenant_id, p_thread_id, v_user, true);
@@ -496,12 +497,13 @@ BEGIN
        IS NOT TRUE THEN
         PERFORM replaysafe._langgraph_check_args(p_tenant_id, p_thread_id, p_checkpoint_ns);
     END IF;
-    -- The tenant check's common case inline: a caller bound to p_tenant_id, per _caller
-    -- (which holds the security-restricted-operation probe), without a grant. Anything else,
-    -- and any argument with a COLLATE clause, takes _acts_for's whole path (its answer or its
-    -- error). Both tests compare under "C" (see _acts_for).
+    -- The tenant check's common case inline: a caller bound to p_tenant_id (_binding), outside
+    -- a security-restricted operation, without a grant. Anything else, and any argument with a
+    -- COLLATE clause, takes _acts_for's whole path (its answer or its error). Both tests
+    -- compare under "C" (see _acts_for).
     IF p_grant IS NOT NULL OR pg_collation_for(p_tenant_id) COLLATE "C" IS DISTINCT FROM '"default"'
-       OR ((SELECT c.tenant_id FROM replaysafe._caller c) = p_tenant_id COLLATE "C") IS NOT TRUE THEN
+       OR (replaysafe._binding() = p_tenant_id COLLATE "C") IS NOT TRUE
+       OR replaysafe._in_restricted_operation() THEN
         v_user := replaysafe._acts_for(p_tenant_id, p_grant);
     END IF;
     PERFORM replaysafe._langgraph_user_thread(p_tenant_id, p_thread_id, v_user, false);
@@ -642,6 +644,7 @@ BEGIN
     PERFORM replaysafe._check_id('p_thread_id', p_thread_id);
     v_user := replaysafe._acts_for(p_tenant_id, p_grant);
     PERFORM replaysafe._langgraph_user_thread(p_tenant_id, p_thread_id, v_user, false);
+    PERFORM replaysafe._durable();
 
     PERFORM 1 FROM replaysafe.langgraph_namespaces n
     WHERE n.tenant_id = p_tenant_id AND n.thread_id = p_thread_id
@@ -656,6 +659,8 @@ BEGIN
     WHERE b.tenant_id = p_tenant_id AND b.thread_id = p_thread_id;
     DELETE FROM replaysafe.langgraph_namespaces n
     WHERE n.tenant_id = p_tenant_id AND n.thread_id = p_thread_id;
+    DELETE FROM replaysafe.langgraph_thread_users u  -- a deleted thread is nobody's
+    WHERE u.tenant_id = p_tenant_id AND u.thread_id = p_thread_id;
     RETURN v_found;
 END
 $$;
@@ -686,6 +691,7 @@ BEGIN
         PERFORM replaysafe._invalid('p_run_ids', 'must be an array of run ids');
     END IF;
     v_user := replaysafe._acts_for(p_tenant_id, p_grant);
+    PERFORM replaysafe._durable();
 
     -- The runs' namespaces locked first (waiting, in one order, as prune and delete_thread):
     -- a put or put_writes in flight there commits before its checkpoint, its pending writes
@@ -765,6 +771,7 @@ BEGIN
     v_user := replaysafe._acts_for(p_tenant_id, p_grant);
     PERFORM replaysafe._langgraph_user_thread(p_tenant_id, p_source_thread_id, v_user, false);
     PERFORM replaysafe._langgraph_user_thread(p_tenant_id, p_target_thread_id, v_user, true);
+    PERFORM replaysafe._durable();
     IF p_source_thread_id = p_target_thread_id THEN
         RETURN 0;
     END IF;
@@ -834,6 +841,7 @@ BEGIN
     v_user := replaysafe._acts_for(p_tenant_id, p_grant);
     PERFORM replaysafe._langgraph_user_thread(p_tenant_id, t, v_user, false)
     FROM unnest(p_thread_ids) t;
+    PERFORM replaysafe._durable();
 
     IF p_strategy = 'delete' THEN
         -- Locked first, as delete_thread.
@@ -850,6 +858,8 @@ BEGIN
         WHERE b.tenant_id = p_tenant_id AND b.thread_id = ANY (p_thread_ids);
         DELETE FROM replaysafe.langgraph_namespaces n
         WHERE n.tenant_id = p_tenant_id AND n.thread_id = ANY (p_thread_ids);
+        DELETE FROM replaysafe.langgraph_thread_users u
+        WHERE u.tenant_id = p_tenant_id AND u.thread_id = ANY (p_thread_ids);
         RETURN v_count;
     END IF;
 

@@ -192,6 +192,7 @@ BEGIN
         RETURN 0;
     END IF;
     v_began := replaysafe._transaction_began(p_now);
+    PERFORM replaysafe._durable();
 
     -- The batch first, locked: through (tenant_id, lease_expires_at) for a tenant's sweep, so it
     -- never walks other tenants' expired leases; through (lease_expires_at) for everyone's.
@@ -291,6 +292,7 @@ BEGIN
         RETURN 0;
     END IF;
 
+    PERFORM replaysafe._durable();
     -- The batch first, locked: through (tenant_id, completed_at) for a tenant's purge, so it
     -- never walks other tenants' old actions; through (completed_at) for everyone's.
     IF v_tenant IS NULL THEN

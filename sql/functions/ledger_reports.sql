@@ -80,14 +80,15 @@ BEGIN
         PERFORM replaysafe._invalid('p_lease', 'must be a positive interval of at most 7 days');
     END IF;
     IF (p_now BETWEEN clock_timestamp() - interval '5 minutes' AND clock_timestamp()) IS NOT TRUE THEN
-        p_now := replaysafe._check_now(p_now, p_grant);
+        p_now := replaysafe._check_now(p_now, p_grant, true);
     END IF;
-    -- The tenant check's common case inline: a caller bound to p_tenant_id, per _caller
-    -- (which holds the security-restricted-operation probe), without a grant. Anything else,
-    -- and any argument with a COLLATE clause, takes _acts_for's whole path (its answer or its
-    -- error). Both tests compare under "C" (see _acts_for).
+    -- The tenant check's common case inline: a caller bound to p_tenant_id (_binding), outside
+    -- a security-restricted operation, without a grant. Anything else, and any argument with a
+    -- COLLATE clause, takes _acts_for's whole path (its answer or its error). Both tests
+    -- compare under "C" (see _acts_for).
     IF p_grant IS NOT NULL OR pg_collation_for(p_tenant_id) COLLATE "C" IS DISTINCT FROM '"default"'
-       OR ((SELECT c.tenant_id FROM replaysafe._caller c) = p_tenant_id COLLATE "C") IS NOT TRUE THEN
+       OR (replaysafe._binding() = p_tenant_id COLLATE "C") IS NOT TRUE
+       OR replaysafe._in_restricted_operation() THEN
         PERFORM replaysafe._acts_for(p_tenant_id, p_grant, '{worker}', true);
     END IF;
 
@@ -154,14 +155,15 @@ BEGIN
     END IF;
     v_hash := sha256(convert_to(p_attempt_token, 'UTF8'));
     IF (p_now BETWEEN clock_timestamp() - interval '5 minutes' AND clock_timestamp()) IS NOT TRUE THEN
-        p_now := replaysafe._check_now(p_now, p_grant);
+        p_now := replaysafe._check_now(p_now, p_grant, true);
     END IF;
-    -- The tenant check's common case inline: a caller bound to p_tenant_id, per _caller
-    -- (which holds the security-restricted-operation probe), without a grant. Anything else,
-    -- and any argument with a COLLATE clause, takes _acts_for's whole path (its answer or its
-    -- error). Both tests compare under "C" (see _acts_for).
+    -- The tenant check's common case inline: a caller bound to p_tenant_id (_binding), outside
+    -- a security-restricted operation, without a grant. Anything else, and any argument with a
+    -- COLLATE clause, takes _acts_for's whole path (its answer or its error). Both tests
+    -- compare under "C" (see _acts_for).
     IF p_grant IS NOT NULL OR pg_collation_for(p_tenant_id) COLLATE "C" IS DISTINCT FROM '"default"'
-       OR ((SELECT c.tenant_id FROM replaysafe._caller c) = p_tenant_id COLLATE "C") IS NOT TRUE THEN
+       OR (replaysafe._binding() = p_tenant_id COLLATE "C") IS NOT TRUE
+       OR replaysafe._in_restricted_operation() THEN
         PERFORM replaysafe._acts_for(p_tenant_id, p_grant, '{worker}', true);
     END IF;
 

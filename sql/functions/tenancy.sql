@@ -28,6 +28,31 @@ EXCEPTION
 END
 $$;
 
+-- The session's binding: its current role's (SET ROLE), else its login's; NULL for an
+-- unbound session. The hot functions' common case (a caller bound to p_tenant_id) reads it
+-- here, with the restricted-operation probe beside it, rather than through _caller: two
+-- calls cost less than a query of the view (docs/performance.md#tenant-grants). On Citus
+-- sql/citus.sql replaces it (bindings per node).
+CREATE OR REPLACE FUNCTION replaysafe._binding()
+RETURNS text
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_tenant text;
+BEGIN
+    SELECT b.tenant_id INTO v_tenant FROM replaysafe.role_bindings b
+    WHERE b.role_oid = to_regrole(quote_ident(CASE WHEN current_setting('role') = 'none'
+                                                   THEN session_user::text
+                                                   ELSE current_setting('role') END))::oid;
+    IF NOT FOUND THEN
+        SELECT b.tenant_id INTO v_tenant FROM replaysafe.role_bindings b
+        WHERE b.role_oid = to_regrole(quote_ident(session_user::text))::oid;
+    END IF;
+    RETURN v_tenant;
+END
+$$;
+
 -- RS004 unless the caller may act for p_tenant_id: its own tenant when bound; any tenant
 -- for the unbound schema owner (see _caller_scope); nothing for anyone else. With a tenant
 -- grant, what the grant allows in one of p_duties (_acts_with_grant, sql/functions/

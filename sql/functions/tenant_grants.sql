@@ -82,7 +82,8 @@ $$;
 --         widens), none of p_duties is both the grant's and the caller's (its group roles;
 --         the schema owner has every duty), or inside a security-restricted operation.
 -- p_report: a heartbeat or report of an attempt, authorised by its attempt token: a grant that
--- expired while the tool ran does not stop its result from being recorded (revocation does).
+-- expired while the tool ran does not stop its result from being recorded, for up to 7 days
+-- after its expiry (the longest lease; revocation stops it at once).
 -- Expiry and revocation are checked against the database clock and the tenant's current
 -- generation (one primary-key probe); nothing is cached in the session. One query reads the
 -- key (by the grant's header: it pins the algorithm and names the key) and the generation;
@@ -113,11 +114,13 @@ BEGIN
                                     '(replaysafe.issue_tenant_grant makes them)');
     END IF;
     -- A snapshot older than a revocation or a key rotation would not see it: the keys and the
-    -- generations are read in READ COMMITTED only (each statement's own snapshot).
-    IF current_setting('transaction_isolation') <> 'read committed' THEN
+    -- generations are read with a snapshot of this statement's (READ COMMITTED, or the first
+    -- statement of a REPEATABLE READ or SERIALIZABLE transaction, whose snapshot it takes).
+    IF current_setting('transaction_isolation') <> 'read committed'
+       AND statement_timestamp() <> transaction_timestamp() THEN
         PERFORM replaysafe._raise('RS004', format(
-            'access denied: a tenant grant is honoured in READ COMMITTED transactions only, not '
-            'in %s ones (an older snapshot would not see a revocation)',
+            'access denied: a tenant grant is honoured in READ COMMITTED transactions, and in the '
+            'first statement of a %s one only (an older snapshot would not see a revocation)',
             upper(current_setting('transaction_isolation'))));
     END IF;
     -- As in _acts_for: a COLLATE clause on an argument would rule every comparison here.
@@ -162,7 +165,9 @@ BEGIN
         PERFORM replaysafe._raise('RS004', 'access denied: the grant''s lifetime is not one this '
                                   'installation issues');
     END IF;
-    IF (v_claims ->> 'exp')::numeric <= extract(epoch FROM clock_timestamp()) AND NOT p_report THEN
+    -- A heartbeat or report may come after its grant expired, within the longest lease.
+    IF (v_claims ->> 'exp')::numeric
+       <= extract(epoch FROM clock_timestamp()) - (CASE WHEN p_report THEN 604800 ELSE 0 END) THEN
         PERFORM replaysafe._raise('RS004', format('access denied: the grant expired at %s',
                                   to_timestamp((v_claims ->> 'exp')::numeric)));
     END IF;
@@ -325,6 +330,7 @@ BEGIN
         END IF;
         PERFORM replaysafe._acts_for(p_tenant_id);
     END IF;
+    PERFORM replaysafe._durable();
     INSERT INTO replaysafe.grant_generations AS g (tenant_id, generation, revoked_at)
     VALUES (p_tenant_id, 1, clock_timestamp())
     ON CONFLICT (tenant_id) DO UPDATE
@@ -355,6 +361,7 @@ BEGIN
     IF p_keep_previous IS NULL THEN
         PERFORM replaysafe._invalid('p_keep_previous', 'must not be NULL');
     END IF;
+    PERFORM replaysafe._durable();
     LOCK TABLE replaysafe.grant_keys IN EXCLUSIVE MODE;
     DELETE FROM replaysafe.grant_keys k
     WHERE NOT p_keep_previous

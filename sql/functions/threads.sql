@@ -67,12 +67,13 @@ BEGIN
        IS NOT TRUE THEN
         PERFORM replaysafe._check_thread_args(p_tenant_id, p_thread_id, p_user_id);
     END IF;
-    -- The tenant check's common case inline: a caller bound to p_tenant_id, per _caller
-    -- (which holds the security-restricted-operation probe), without a grant. Anything else,
-    -- and any argument with a COLLATE clause, takes _acts_for's whole path (its answer or its
-    -- error). Both tests compare under "C" (see _acts_for).
+    -- The tenant check's common case inline: a caller bound to p_tenant_id (_binding), outside
+    -- a security-restricted operation, without a grant. Anything else, and any argument with a
+    -- COLLATE clause, takes _acts_for's whole path (its answer or its error). Both tests
+    -- compare under "C" (see _acts_for).
     IF p_grant IS NOT NULL OR pg_collation_for(p_tenant_id) COLLATE "C" IS DISTINCT FROM '"default"'
-       OR ((SELECT c.tenant_id FROM replaysafe._caller c) = p_tenant_id COLLATE "C") IS NOT TRUE THEN
+       OR (replaysafe._binding() = p_tenant_id COLLATE "C") IS NOT TRUE
+       OR replaysafe._in_restricted_operation() THEN
         v_grant_user := replaysafe._acts_for(p_tenant_id, p_grant);
     END IF;
     IF p_grant IS NOT NULL THEN
@@ -143,12 +144,13 @@ BEGIN
         PERFORM replaysafe._invalid('p_history_limit',
             'must be a positive number of versions (got ' || p_history_limit || ')');
     END IF;
-    -- The tenant check's common case inline: a caller bound to p_tenant_id, per _caller
-    -- (which holds the security-restricted-operation probe), without a grant. Anything else,
-    -- and any argument with a COLLATE clause, takes _acts_for's whole path (its answer or its
-    -- error). Both tests compare under "C" (see _acts_for).
+    -- The tenant check's common case inline: a caller bound to p_tenant_id (_binding), outside
+    -- a security-restricted operation, without a grant. Anything else, and any argument with a
+    -- COLLATE clause, takes _acts_for's whole path (its answer or its error). Both tests
+    -- compare under "C" (see _acts_for).
     IF p_grant IS NOT NULL OR pg_collation_for(p_tenant_id) COLLATE "C" IS DISTINCT FROM '"default"'
-       OR ((SELECT c.tenant_id FROM replaysafe._caller c) = p_tenant_id COLLATE "C") IS NOT TRUE THEN
+       OR (replaysafe._binding() = p_tenant_id COLLATE "C") IS NOT TRUE
+       OR replaysafe._in_restricted_operation() THEN
         v_grant_user := replaysafe._acts_for(p_tenant_id, p_grant);
     END IF;
     IF p_grant IS NOT NULL THEN
@@ -286,6 +288,7 @@ BEGIN
         p_user_id := replaysafe._grant_user(v_grant_user, p_user_id);
     END IF;
 
+    PERFORM replaysafe._durable();
     -- Ownership first, without a lock: a refused caller must not block the owner.
     SELECT * INTO t FROM replaysafe.threads x
     WHERE x.tenant_id = p_tenant_id AND x.thread_id = p_thread_id;

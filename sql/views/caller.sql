@@ -3,18 +3,10 @@
 
 CREATE OR REPLACE VIEW replaysafe._caller AS
 SELECT r.role_name,
-       CASE WHEN p.restricted THEN NULL  -- see the function
-            -- to_regrole: a syscache probe (pg_roles is a view that costs ~6 us to join)
-            ELSE coalesce(
-                (SELECT b.tenant_id FROM replaysafe.role_bindings b
-                 WHERE b.role_oid = to_regrole(quote_ident(r.role_name))::oid),
-                (SELECT b.tenant_id FROM replaysafe.role_bindings b
-                 WHERE b.role_oid = to_regrole(quote_ident(r.login_name))::oid)) END
-           AS tenant_id,
+       CASE WHEN p.restricted THEN NULL ELSE replaysafe._binding() END AS tenant_id,  -- see them
        p.restricted
 FROM (SELECT CASE WHEN current_setting('role') = 'none' THEN session_user::text
-                  ELSE current_setting('role') END AS role_name,
-             session_user::text AS login_name) r,
+                  ELSE current_setting('role') END AS role_name) r,
      LATERAL (SELECT replaysafe._in_restricted_operation() AS restricted) p;
 
 -- The caller's wider rights, for the functions (never needed on a bound caller's hot path).

@@ -45,3 +45,14 @@ def test_a_stronger_setting_is_never_lowered(dsn: str) -> None:
         with conn.transaction():
             conn.execute(CLAIM, ("k2",))
             assert _setting(conn) == "remote_apply"
+
+
+def test_a_revocation_and_a_key_rotation_are_durable_too(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SET synchronous_commit = off")
+        with conn.transaction():
+            conn.execute("SELECT replaysafe.revoke_tenant_grants(p_tenant_id => 't')")
+            assert _setting(conn) == "on"
+        with conn.transaction():
+            conn.execute("SELECT replaysafe.rotate_grant_key()")
+            assert _setting(conn) == "on"

@@ -498,10 +498,12 @@ def test_a_copy_under_the_originals_name_is_told_apart(admin_dsn: str, dsn: str,
         c.execute(sql.SQL("ALTER DATABASE {} RENAME TO {}").format(sql.Identifier(copy),
                                                                   sql.Identifier(name)))
     try:
+        with connect_as(dsn, roles.pooled) as c:
+            Probe(dsn, "A").refused(c, original)
+        with psycopg.connect(dsn, autocommit=True) as owner:  # the copy's keys of its own
+            owner.execute("SELECT replaysafe.rotate_grant_key(p_keep_previous => false)")
         with connect_as(dsn, roles.pooled) as c, connect_as(dsn, roles.issuer) as iss:
-            probe = Probe(dsn, "A")
-            probe.refused(c, original)
-            probe.works(c, issue(iss, "A"))
+            Probe(dsn, "A").works(c, issue(iss, "A"))
     finally:
         drop_database(admin_dsn, moved)
 

@@ -21,7 +21,7 @@ def test_every_collation_guard_compares_under_c() -> None:
 
 def test_the_inline_tenant_comparison_is_under_c() -> None:
     text = schema.schema_sql()
-    inline = re.findall(r"\(SELECT c\.tenant_id FROM replaysafe\._caller c\)(.*)", text)
+    inline = re.findall(r"\(replaysafe\._binding\(\)(.*)", text)
     assert len(inline) >= 7, inline
     for rest in inline:
         assert rest.startswith(' = p_tenant_id COLLATE "C") IS NOT TRUE'), rest
