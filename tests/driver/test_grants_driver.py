@@ -369,6 +369,31 @@ def test_async_ledger_with_a_grant(dsn: str, logins: Logins) -> None:
     assert calls == [1]
 
 
+def test_an_async_runs_heartbeats_ask_for_the_grant_at_each_beat(
+        dsn: str, logins: Logins, caplog: pytest.LogCaptureFixture) -> None:
+    """As the sync run: a grant revoked and replaced while the tool runs, and the async
+    heartbeats carry the new one from the next beat on (no beat fails, the lease holds)."""
+    holder = {"grant": grant_for(logins, "acme")}
+
+    async def tool() -> str:
+        await asyncio.sleep(0.6)  # the heartbeats are under way (one every 0.4 s)
+        with psycopg.connect(dsn, autocommit=True) as owner:
+            owner.execute("SELECT replaysafe.revoke_tenant_grants('acme')")
+        holder["grant"] = grant_for(logins, "acme")
+        await asyncio.sleep(2.0)  # several more, well past the first lease
+        return "done"
+
+    async def main() -> None:
+        async with AsyncLedger(logins.worker, grant=lambda: holder["grant"]) as led:
+            first = await led.run("op", tool, {}, key="k", lease=timedelta(seconds=1.2))
+            assert (first.status, first.result) == ("succeeded", "done")
+
+    asyncio.run(main())
+    assert not [r for r in caplog.records if "heartbeat" in r.getMessage()]
+    assert owner_rows(dsn, "SELECT state::text, attempt FROM replaysafe.actions") == [
+        ("succeeded", 1)]
+
+
 # --- issuing --------------------------------------------------------------------------------
 
 def test_issue_grant(dsn: str, logins: Logins) -> None:
