@@ -19,6 +19,8 @@ import psycopg
 import pytest
 from helpers.pgbouncer import PgBouncer
 
+from replaysafe_pg import issue_grant
+
 ROOT = Path(__file__).resolve().parents[2]
 TENANTS = ("acme", "globex")
 AGENTS_PER_TENANT = 4
@@ -71,15 +73,6 @@ def pooled(dsn: str, admin_dsn: str) -> Iterator[tuple[str, str]]:
             c.execute(f'DROP ROLE IF EXISTS "{issuer}"')
 
 
-def _issue(issuer: str, tenant: str, **kw: str) -> str:
-    with psycopg.connect(issuer, autocommit=True) as c:
-        args = "".join(f", p_{k} => %({k})s" for k in kw)
-        row = c.execute(f"SELECT replaysafe.issue_tenant_grant(p_tenant_id => %(t)s{args})",
-                        {"t": tenant, **kw}).fetchone()
-        assert row is not None
-        return str(row[0])
-
-
 def test_a_storm_of_agents_of_two_tenants_on_one_pooled_login(
         dsn: str, transaction_bouncer: PgBouncer, pooled: tuple[str, str],
         tmp_path: Path) -> None:
@@ -89,7 +82,7 @@ def test_a_storm_of_agents_of_two_tenants_on_one_pooled_login(
     agents = []
     for t, tenant in enumerate(TENANTS):
         for a in range(AGENTS_PER_TENANT):
-            cfg = {"dsn": through, "grant": _issue(issuer, tenant), "tenant": tenant,
+            cfg = {"dsn": through, "grant": issue_grant(issuer, tenant), "tenant": tenant,
                    "worker": f"{tenant}-{a}", "keys": KEYS, "seed": t * 10 + a,
                    "effects": str(effects)}
             agents.append((tenant, subprocess.Popen(
@@ -135,7 +128,7 @@ def test_a_hostile_client_of_the_pooled_login_leaves_the_next_one_nothing(
         dsn: str, transaction_bouncer: PgBouncer, pooled: tuple[str, str], leave: str) -> None:
     pool, issuer = pooled
     through = transaction_bouncer.through(pool)
-    grant = _issue(issuer, "acme")
+    grant = issue_grant(issuer, "acme")
     with psycopg.connect(dsn, autocommit=True) as owner:
         owner.execute("SELECT replaysafe.claim_action(p_tenant_id => 'acme', p_action_key => "
                       "'secret', p_operation => 'op', p_request => '{}', p_worker_id => 'w')")
