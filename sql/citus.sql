@@ -12,8 +12,8 @@
 --     attempts, threads and checkpoints live on one worker;
 --   * role_bindings, installation (the secret that salts idempotency keys: a delegated
 --     claim derives the key on the worker), role_binding_nodes, grant_keys and
---     grant_generations (a delegated call verifies its tenant grant on the worker) are
---     reference tables
+--     grant_generations (a delegated call verifies its tenant grant on the worker),
+--     all_tenant_roles and limits (read by a delegated call's checks) are reference tables
 --     (one copy on every node); alembic_version stays on the coordinator;
 --   * every public function that takes p_tenant_id and acts on that tenant is registered
 --     with distribution_arg_name => 'p_tenant_id', colocated with replaysafe.actions;
@@ -56,7 +56,7 @@ DECLARE
     v_version text := (SELECT e.extversion FROM pg_catalog.pg_extension e WHERE e.extname = 'citus');
     v_revision text;
     -- The revision this script was written and reviewed for.
-    v_written_for constant text := '0012';
+    v_written_for constant text := '0013';
 BEGIN
     IF v_version IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '55000', MESSAGE =
@@ -104,7 +104,7 @@ BEGIN
                             'langgraph_checkpoints', 'langgraph_blobs', 'langgraph_writes',
                             'langgraph_namespaces', 'langgraph_thread_users', 'role_bindings',
                             'installation', 'role_binding_nodes', 'grant_keys',
-                            'grant_generations', 'alembic_version');
+                            'grant_generations', 'all_tenant_roles', 'limits', 'alembic_version');
     IF v_unknown IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = '55000', MESSAGE = format(
             'replaysafe''s Citus distribution does not know the table(s) %s: refusing to '
@@ -191,8 +191,23 @@ SELECT coalesce(r.tenant_id, g.tenant_id) AS tenant_id,
                                   'replaysafe_issuer')
                 THEN false
             ELSE pg_has_role(current_user, n.nspowner, 'USAGE')
-                 OR EXISTS (SELECT 1 FROM pg_roles a WHERE a.rolname = 'replaysafe_auditor'
-                            AND pg_has_role(current_user, a.oid, 'USAGE')) END AS reads_all,
+                 OR EXISTS (SELECT 1 FROM replaysafe.all_tenant_roles a
+                            WHERE (a.role_oid = to_regrole(quote_ident(current_user))::oid
+                                   AND a.role_name = current_user::text
+                                   AND NOT EXISTS (  -- see sql/views/caller.sql
+                                       SELECT 1 FROM replaysafe.role_bindings b
+                                       WHERE b.role_oid IN (
+                                           to_regrole(quote_ident(session_user))::oid,
+                                           to_regrole(quote_ident(
+                                               CASE WHEN current_setting('role') = 'none'
+                                                    THEN session_user::text
+                                                    ELSE current_setting('role') END))::oid)))
+                               OR (a.role_oid = to_regrole(quote_ident(session_user))::oid
+                                   AND a.role_name = session_user::text
+                                   AND current_user::text = CASE WHEN current_setting('role') = 'none'
+                                                                 THEN session_user::text
+                                                                 ELSE current_setting('role') END))
+            END AS reads_all,
        g.user_id
 FROM (SELECT coalesce(
           (SELECT b.tenant_id FROM replaysafe.role_binding_nodes m
@@ -321,7 +336,7 @@ DECLARE
     v_anchor   integer;
 BEGIN
     FOREACH t IN ARRAY ARRAY['role_bindings', 'installation', 'role_binding_nodes', 'grant_keys',
-                             'grant_generations'] LOOP
+                             'grant_generations', 'all_tenant_roles', 'limits'] LOOP
         SELECT p.partmethod, p.repmodel INTO v_method, v_repmodel
         FROM pg_dist_partition p WHERE p.logicalrelid = format('replaysafe.%I', t)::regclass;
         IF NOT FOUND OR (v_method = 'n' AND v_repmodel <> 't') THEN  -- new, or a Citus local table
@@ -388,7 +403,7 @@ BEGIN
           -- The bindings' writers stay on the coordinator: on a worker they would store
           -- that node's role OIDs in the reference table, which the sync reads as the
           -- coordinator's (a binding lent to whichever role holds that OID there).
-          AND p.proname NOT IN ('bind_role_to_tenant', 'unbind_role')
+          AND p.proname NOT IN ('bind_role_to_tenant', 'unbind_role', 'bind_role_to_all_tenants')
         ORDER BY p.oid
     LOOP
         CONTINUE WHEN EXISTS (

@@ -111,3 +111,103 @@ BEGIN
     END IF;
 END
 $$;
+
+-- How a JSON value breaks its size limits (replaysafe.limits): NULL when it keeps them, else
+-- {"bytes": stored size, "limit": ...} when it is larger than the limit p_limit names, or
+-- {"digits": n, "limit": ...} for a number whose text form has more digits than
+-- number_digits allows (jsonb prints numbers in full: 1e131071 is 15 bytes in and 131,072
+-- digits out, and 0e-16383 prints 16,384). A limit whose row is deleted is not enforced.
+-- Numbers: a number with at most half the digits before its point and half after it keeps
+-- the limit, which a jsonpath filter tests for the common case (~5 us for a small request;
+-- multiplying by 10^half makes a longer fraction show); those it lets through (and zero,
+-- whose fraction of zeros no arithmetic shows) are measured one by one, the huge ones
+-- without printing them. An integer's fraction is otherwise zeros the input spelled out,
+-- as many as it has characters: it amplifies nothing, and is not counted.
+CREATE OR REPLACE FUNCTION replaysafe._oversize(p_value jsonb, p_limit text)
+RETURNS jsonb
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_size   integer := pg_column_size(p_value);
+    v_max    bigint;
+    v_digits bigint;
+    v_big    numeric;
+    v_long   numeric;
+BEGIN
+    SELECT max(l.value) FILTER (WHERE l.name = p_limit),
+           max(l.value) FILTER (WHERE l.name = 'number_digits')
+    INTO v_max, v_digits
+    FROM replaysafe.limits l WHERE l.name IN (p_limit, 'number_digits');
+    IF v_size > v_max THEN
+        RETURN jsonb_build_object('bytes', v_size, 'limit', v_max);
+    END IF;
+    IF v_digits IS NULL OR p_value IS NULL THEN
+        RETURN NULL;
+    END IF;
+    IF v_digits = 1000 THEN  -- the default: a constant path, no variables to build
+        IF NOT jsonb_path_exists(p_value, 'strict $.** ? (@.type() == "number" && (@ >= 1e500 || '
+                                          '@ <= -1e500 || @ == 0 || (@ * 1e500).floor() != @ * 1e500))') THEN
+            RETURN NULL;
+        END IF;
+    ELSIF NOT jsonb_path_exists(p_value, 'strict $.** ? (@.type() == "number" && (@ >= $half || '
+                                         '@ <= -$half || @ == 0 || (@ * $half).floor() != @ * $half))',
+                                jsonb_build_object('half', power(10::numeric, least(v_digits / 2, 65535)::integer))) THEN
+        RETURN NULL;
+    END IF;
+    v_big := power(10::numeric, least(v_digits, 131071)::integer);
+    SELECT m.n INTO v_long
+    FROM jsonb_array_elements(jsonb_path_query_array(p_value,
+             'strict $.** ? (@.type() == "number" && (@ >= $big || @ <= -$big || @ == 0 || @.floor() != @))',
+             jsonb_build_object('big', v_big))) e(x),
+         LATERAL (SELECT e.x::numeric AS n) m
+    WHERE CASE WHEN scale(m.n) >= v_digits OR abs(m.n) >= v_big THEN true
+               ELSE length(abs(m.n)::text) - sign(scale(m.n)) > v_digits END
+    LIMIT 1;
+    IF FOUND THEN
+        RETURN jsonb_build_object('digits', length(replace(abs(v_long)::text, '.', '')),
+                                  'limit', v_digits);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+-- RS005 unless a JSON argument keeps its size limits (_oversize).
+CREATE OR REPLACE FUNCTION replaysafe._check_size(p_name text, p_value jsonb, p_limit text)
+RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_over jsonb := replaysafe._oversize(p_value, p_limit);
+BEGIN
+    IF v_over IS NULL THEN
+        RETURN;
+    ELSIF v_over ? 'bytes' THEN
+        PERFORM replaysafe._invalid(p_name, format(
+            'is %s bytes stored, over its limit of %s bytes (replaysafe.limits %s)',
+            v_over ->> 'bytes', v_over ->> 'limit', p_limit));
+    END IF;
+    PERFORM replaysafe._invalid(p_name, format(
+        'holds a number of %s digits, over the limit of %s digits (replaysafe.limits number_digits)',
+        v_over ->> 'digits', v_over ->> 'limit'));
+END
+$$;
+
+-- RS005 unless a stored size (of a text or bytea argument) keeps the limit p_limit names.
+CREATE OR REPLACE FUNCTION replaysafe._check_bytes(p_name text, p_size bigint, p_limit text)
+RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_max bigint;
+BEGIN
+    SELECT l.value INTO v_max FROM replaysafe.limits l WHERE l.name = p_limit;
+    IF p_size > v_max THEN
+        PERFORM replaysafe._invalid(p_name, format(
+            'is %s bytes stored, over its limit of %s bytes (replaysafe.limits %s)',
+            p_size, v_max, p_limit));
+    END IF;
+END
+$$;

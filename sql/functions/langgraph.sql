@@ -28,6 +28,49 @@ BEGIN
 END
 $$;
 
+-- RS005 unless the key columns of every row a call would store (thread, namespace,
+-- checkpoint and task ids, channel and version: p_fixed bytes, plus element i of p_parts and
+-- of p_more for each i) take at most langgraph_key_bytes together: more would exceed the
+-- primary key index's row size (a raw 54000) once the ids do not compress.
+CREATE OR REPLACE FUNCTION replaysafe._langgraph_check_keys(p_fixed bigint,
+                                                            p_parts text[] DEFAULT '{}',
+                                                            p_more text[] DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_max   bigint;
+    v_bytes bigint := p_fixed;
+BEGIN
+    IF cardinality(p_parts) > 0 THEN
+        SELECT p_fixed + max(octet_length(a.part) + coalesce(octet_length(a.more), 0)) INTO v_bytes
+        FROM unnest(p_parts, p_more) AS a(part, more);
+    END IF;
+    SELECT l.value INTO v_max FROM replaysafe.limits l WHERE l.name = 'langgraph_key_bytes';
+    IF v_bytes > v_max THEN
+        PERFORM replaysafe._invalid('p_thread_id',
+            'the thread, namespace, checkpoint and task ids and channel of a row take '
+            || v_bytes || ' bytes together, over the limit of ' || v_max
+            || ' bytes (replaysafe.limits langgraph_key_bytes)');
+    END IF;
+END
+$$;
+
+-- RS005 unless every blob keeps the limit p_limit names (stored size).
+CREATE OR REPLACE FUNCTION replaysafe._langgraph_check_blobs(p_name text, p_blobs bytea[], p_limit text)
+RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF cardinality(p_blobs) > 0 THEN
+        PERFORM replaysafe._check_bytes(p_name, (SELECT max(pg_column_size(b)) FROM unnest(p_blobs) b),
+                                        p_limit);
+    END IF;
+END
+$$;
+
 -- Under a tenant grant that names a user (p_user_id), the thread must be that user's: RS004
 -- for another user's thread and for one of the whole tenant (made without such a grant).
 -- p_claim: a thread that has nothing stored yet becomes the user's (a put, pending writes,
@@ -209,6 +252,8 @@ BEGIN
     IF p_metadata IS NULL OR jsonb_typeof(p_metadata) <> 'object' THEN
         PERFORM replaysafe._invalid('p_metadata', 'must be a JSON object');
     END IF;
+    PERFORM replaysafe._check_size('p_checkpoint', p_checkpoint, 'checkpoint_bytes');
+    PERFORM replaysafe._check_size('p_metadata', p_metadata, 'checkpoint_bytes');
     IF p_channels IS NULL OR p_versions IS NULL OR p_types IS NULL OR p_blobs IS NULL
        OR cardinality(p_versions) <> cardinality(p_channels)
        OR cardinality(p_types) <> cardinality(p_channels)
@@ -235,6 +280,11 @@ BEGIN
             'every channel, version and type must be non-empty text of at most 512 characters '
             'and 1024 bytes');
     END IF;
+    PERFORM replaysafe._langgraph_check_keys(octet_length(p_thread_id) + octet_length(p_checkpoint_ns)
+                                             + octet_length(p_checkpoint_id));
+    PERFORM replaysafe._langgraph_check_keys(octet_length(p_thread_id) + octet_length(p_checkpoint_ns),
+                                             p_channels, p_versions);
+    PERFORM replaysafe._langgraph_check_blobs('p_blobs', p_blobs, 'blob_bytes');
     IF p_history_limit < 1 THEN
         PERFORM replaysafe._invalid('p_history_limit',
             'must be a positive number of checkpoints (got ' || p_history_limit || ')');
@@ -440,6 +490,10 @@ BEGIN
         PERFORM replaysafe._invalid('p_idx',
             'p_idx, p_channels, p_types and p_blobs must have no NULL element');
     END IF;
+    PERFORM replaysafe._langgraph_check_keys(octet_length(p_thread_id) + octet_length(p_checkpoint_ns)
+                                             + octet_length(p_checkpoint_id)
+                                             + octet_length(p_task_id), p_channels);
+    PERFORM replaysafe._langgraph_check_blobs('p_blobs', p_blobs, 'pending_write_bytes');
     v_user := replaysafe._acts_for(p_tenant_id, p_grant);
     PERFORM replaysafe._langgraph_user_thread(p_tenant_id, p_thread_id, v_user, true);
     PERFORM replaysafe._durable();

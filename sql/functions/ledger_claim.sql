@@ -173,6 +173,9 @@ BEGIN
                 a.idempotency_key, a.provider_reference, NULL)::replaysafe.claim_record;
         END IF;
     ELSE
+        -- A new action: its request keeps the size limits (checked here only: a later claim
+        -- compares it with the stored one, whatever the limits are by then).
+        PERFORM replaysafe._check_size('p_request', p_request, 'request_bytes');
         -- The key of replaysafe.idempotency_key(), computed here: a query without parameters
         -- keeps one cached plan (with them, every call would be planned anew: ~8 us).
         SELECT i.key_secret, i.token_secret INTO v_secret, v_tokens FROM replaysafe.installation i;

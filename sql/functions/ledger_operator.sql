@@ -44,6 +44,10 @@ BEGIN
     IF p_expected_attempt < 1 THEN
         PERFORM replaysafe._invalid('p_expected_attempt', 'must be a positive attempt number');
     END IF;
+    PERFORM replaysafe._check_size('p_result', p_result, 'result_bytes');
+    PERFORM replaysafe._check_size('p_error', p_error, 'error_bytes');
+    PERFORM replaysafe._check_bytes('p_provider_reference', pg_column_size(p_provider_reference),
+                                    'provider_reference_bytes');
     IF (p_now BETWEEN clock_timestamp() - interval '5 minutes' AND clock_timestamp()) IS NOT TRUE THEN
         p_now := replaysafe._check_now(p_now, p_grant);
     END IF;
@@ -161,6 +165,57 @@ $$;
 -- grant, the grant's tenant: _sweep_scope). Rows locked by a
 -- concurrent claim or report are skipped: that caller decides them. As a claim, a sweep
 -- takes over only leases that had expired before its transaction began (p_now's frame).
+-- The tenants an all-tenant sweep (p_began: leases expired by then) or purge (p_before:
+-- terminal actions finished before then) serves in one call, and each one's share of
+-- p_limit: the tenants with due actions, those whose oldest due action is oldest first, at
+-- most p_limit of them, sharing p_limit equally. Tenants are found by a skip scan of the
+-- (tenant_id, ...) index, one probe per tenant (a tenant's many actions that are not due
+-- cost nothing).
+CREATE OR REPLACE FUNCTION replaysafe._due_tenants(p_limit integer, p_began timestamptz,
+                                                   p_before timestamptz)
+RETURNS TABLE (tenant_id text, share integer)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_tenant  text := '';
+    v_oldest  timestamptz;
+    v_tenants text[] := '{}';
+    v_oldests timestamptz[] := '{}';
+    n         integer;
+BEGIN
+    LOOP
+        -- The next tenant's first entry in the index: its oldest running lease, or its
+        -- oldest finished action.
+        IF p_began IS NOT NULL THEN
+            SELECT x.tenant_id, x.lease_expires_at INTO v_tenant, v_oldest
+            FROM replaysafe.actions x
+            WHERE x.state = 'running' AND x.tenant_id > v_tenant
+            ORDER BY x.tenant_id, x.lease_expires_at LIMIT 1;
+        ELSE
+            SELECT x.tenant_id, x.completed_at INTO v_tenant, v_oldest
+            FROM replaysafe.actions x
+            WHERE x.state IN ('succeeded', 'failed') AND x.tenant_id > v_tenant
+            ORDER BY x.tenant_id, x.completed_at LIMIT 1;
+        END IF;
+        EXIT WHEN NOT FOUND;
+        IF v_oldest <= p_began OR v_oldest < p_before THEN
+            v_tenants := v_tenants || v_tenant;
+            v_oldests := v_oldests || v_oldest;
+        END IF;
+    END LOOP;
+    n := least(cardinality(v_tenants), p_limit);
+    IF n = 0 THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT d.tenant_id, (p_limit / n + CASE WHEN d.i <= p_limit % n THEN 1 ELSE 0 END)::integer
+    FROM (SELECT u.tenant_id, row_number() OVER (ORDER BY u.oldest, u.tenant_id) AS i
+          FROM unnest(v_tenants, v_oldests) AS u(tenant_id, oldest)) d
+    WHERE d.i <= n;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION replaysafe.sweep_expired_actions(
     p_limit     integer     DEFAULT 1000,
     p_now       timestamptz DEFAULT clock_timestamp(),
@@ -197,10 +252,26 @@ BEGIN
     -- The batch first, locked: through (tenant_id, lease_expires_at) for a tenant's sweep, so it
     -- never walks other tenants' expired leases; through (lease_expires_at) for everyone's.
     IF v_tenant IS NULL THEN
+        -- Every tenant's, round-robin (_due_tenants): one tenant's backlog never starves the
+        -- others. Rows another transaction holds are skipped, never waited for.
         SELECT array_agg(d.tenant_id), array_agg(d.action_key) INTO v_tenants, v_actions
-        FROM (SELECT x.tenant_id, x.action_key FROM replaysafe.actions x
-              WHERE x.state = 'running' AND x.lease_expires_at <= v_began
-              ORDER BY x.lease_expires_at LIMIT p_limit FOR UPDATE SKIP LOCKED) d;
+        FROM replaysafe._due_tenants(p_limit, v_began, NULL) t
+        CROSS JOIN LATERAL (
+            SELECT x.tenant_id, x.action_key FROM replaysafe.actions x
+            WHERE x.tenant_id = t.tenant_id AND x.state = 'running' AND x.lease_expires_at <= v_began
+            ORDER BY x.lease_expires_at LIMIT t.share FOR UPDATE SKIP LOCKED) d;
+        -- What the shares left (a tenant with fewer due, or with rows held elsewhere): the
+        -- oldest of anyone's, so a held row never leaves the batch empty while others are due.
+        IF coalesce(cardinality(v_actions), 0) < p_limit THEN
+            SELECT v_tenants || array_agg(d.tenant_id), v_actions || array_agg(d.action_key)
+            INTO v_tenants, v_actions
+            FROM (SELECT x.tenant_id, x.action_key FROM replaysafe.actions x
+                  WHERE x.state = 'running' AND x.lease_expires_at <= v_began
+                    AND (x.tenant_id, x.action_key) NOT IN (
+                        SELECT k.tenant_id, k.action_key FROM unnest(v_tenants, v_actions) AS k(tenant_id, action_key))
+                  ORDER BY x.lease_expires_at
+                  LIMIT p_limit - coalesce(cardinality(v_actions), 0) FOR UPDATE SKIP LOCKED) d;
+        END IF;
     ELSE
         SELECT array_agg(d.tenant_id), array_agg(d.action_key) INTO v_tenants, v_actions
         FROM (SELECT x.tenant_id, x.action_key FROM replaysafe.actions x
@@ -296,10 +367,24 @@ BEGIN
     -- The batch first, locked: through (tenant_id, completed_at) for a tenant's purge, so it
     -- never walks other tenants' old actions; through (completed_at) for everyone's.
     IF v_tenant IS NULL THEN
+        -- Every tenant's, round-robin, as sweep_expired_actions.
         SELECT array_agg(d.tenant_id), array_agg(d.action_key) INTO v_tenants, v_actions
-        FROM (SELECT x.tenant_id, x.action_key FROM replaysafe.actions x
-              WHERE x.state IN ('succeeded', 'failed') AND x.completed_at < p_now - p_older_than
-              ORDER BY x.completed_at LIMIT p_limit FOR UPDATE SKIP LOCKED) d;
+        FROM replaysafe._due_tenants(p_limit, NULL, p_now - p_older_than) t
+        CROSS JOIN LATERAL (
+            SELECT x.tenant_id, x.action_key FROM replaysafe.actions x
+            WHERE x.tenant_id = t.tenant_id AND x.state IN ('succeeded', 'failed')
+              AND x.completed_at < p_now - p_older_than
+            ORDER BY x.completed_at LIMIT t.share FOR UPDATE SKIP LOCKED) d;
+        IF coalesce(cardinality(v_actions), 0) < p_limit THEN  -- as sweep_expired_actions
+            SELECT v_tenants || array_agg(d.tenant_id), v_actions || array_agg(d.action_key)
+            INTO v_tenants, v_actions
+            FROM (SELECT x.tenant_id, x.action_key FROM replaysafe.actions x
+                  WHERE x.state IN ('succeeded', 'failed') AND x.completed_at < p_now - p_older_than
+                    AND (x.tenant_id, x.action_key) NOT IN (
+                        SELECT k.tenant_id, k.action_key FROM unnest(v_tenants, v_actions) AS k(tenant_id, action_key))
+                  ORDER BY x.completed_at
+                  LIMIT p_limit - coalesce(cardinality(v_actions), 0) FOR UPDATE SKIP LOCKED) d;
+        END IF;
     ELSE
         SELECT array_agg(d.tenant_id), array_agg(d.action_key) INTO v_tenants, v_actions
         FROM (SELECT x.tenant_id, x.action_key FROM replaysafe.actions x
@@ -307,6 +392,15 @@ BEGIN
                 AND x.completed_at < p_now - p_older_than
               ORDER BY x.completed_at LIMIT p_limit FOR UPDATE SKIP LOCKED) d;
     END IF;
+    -- An attempt row another transaction holds (an old attempt's report in flight, which
+    -- locks no action) keeps its action for a later purge: nothing here waits for it.
+    SELECT array_agg(v.tenant_id), array_agg(v.action_key) INTO v_tenants, v_actions
+    FROM unnest(v_tenants, v_actions) AS v(tenant_id, action_key)
+    WHERE (SELECT count(*) FROM replaysafe.action_attempts t
+           WHERE t.tenant_id = v.tenant_id AND t.action_key = v.action_key)
+        = (SELECT count(*) FROM (SELECT 1 FROM replaysafe.action_attempts t
+                                 WHERE t.tenant_id = v.tenant_id AND t.action_key = v.action_key
+                                 FOR UPDATE SKIP LOCKED) l);
     IF v_actions IS NULL THEN
         RETURN 0;
     END IF;

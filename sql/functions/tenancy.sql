@@ -128,6 +128,8 @@ BEGIN
         PERFORM replaysafe._invalid('p_role', 'must not be one of the group roles (bind their members)');
     END IF;
     PERFORM replaysafe._check_id('p_tenant_id', p_tenant_id);
+    DELETE FROM replaysafe.all_tenant_roles a
+    WHERE a.role_oid = (SELECT r.oid FROM pg_roles r WHERE r.rolname = p_role);
     INSERT INTO replaysafe.role_bindings AS b (role_oid, role_name, tenant_id)
     SELECT r.oid, p_role, p_tenant_id FROM pg_roles r WHERE r.rolname = p_role
     ON CONFLICT (role_oid) DO UPDATE
@@ -141,6 +143,8 @@ LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    v_found boolean;
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM replaysafe._caller_scope c WHERE c.is_owner) THEN
         PERFORM replaysafe._raise('RS004', 'access denied: only the schema owner binds roles');
@@ -152,7 +156,53 @@ BEGIN
     DELETE FROM replaysafe.role_bindings b
     WHERE b.role_oid = (SELECT r.oid FROM pg_roles r WHERE r.rolname = p_role)
        OR (b.role_name = p_role AND NOT EXISTS (SELECT 1 FROM pg_roles r WHERE r.oid = b.role_oid));
-    RETURN FOUND;
+    v_found := FOUND;
+    DELETE FROM replaysafe.all_tenant_roles a
+    WHERE a.role_oid = (SELECT r.oid FROM pg_roles r WHERE r.rolname = p_role)
+       OR (a.role_name = p_role AND NOT EXISTS (SELECT 1 FROM pg_roles r WHERE r.oid = a.role_oid));
+    RETURN v_found OR FOUND;
+END
+$$;
+
+-- Lets a role act for every tenant of this installation within its duties (its group roles):
+-- an auditor that reads every tenant, a central reconciler that is an operator. Nobody else
+-- does, but the schema owner: an unbound role sees and changes nothing, whatever its groups.
+-- A tenant binding of the session's current role or of its login still wins (SET ROLE to an
+-- all-tenant role never widens a bound login); binding to a tenant again removes this.
+CREATE OR REPLACE FUNCTION replaysafe.bind_role_to_all_tenants(p_role text)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_oid oid;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM replaysafe._caller_scope c WHERE c.is_owner) THEN
+        PERFORM replaysafe._raise('RS004', 'access denied: only the schema owner binds roles');
+    END IF;
+    SELECT r.oid INTO v_oid FROM pg_roles r WHERE r.rolname = p_role;
+    IF p_role IS NULL OR v_oid IS NULL THEN
+        PERFORM replaysafe._invalid('p_role', 'must name an existing role');
+    END IF;
+    IF p_role IN ('replaysafe_worker', 'replaysafe_operator', 'replaysafe_auditor',
+                  'replaysafe_issuer') THEN
+        PERFORM replaysafe._invalid('p_role', 'must not be one of the group roles (bind their members)');
+    END IF;
+    -- An issuer signs grants for any tenant: acting for every tenant as well would make one
+    -- login both the capability's maker and its holder (doctor flags it too).
+    IF pg_has_role(v_oid, coalesce(to_regrole('replaysafe_issuer')::oid, 0::oid), 'MEMBER') THEN
+        PERFORM replaysafe._invalid('p_role', 'must not be a member of replaysafe_issuer');
+    END IF;
+    IF pg_has_role(v_oid, (SELECT n.nspowner FROM pg_namespace n WHERE n.nspname = 'replaysafe'),
+                   'MEMBER') THEN
+        PERFORM replaysafe._invalid('p_role', 'must not be the schema owner or one of its members '
+                                    '(the owner acts for every tenant already)');
+    END IF;
+    DELETE FROM replaysafe.role_bindings b WHERE b.role_oid = v_oid;
+    INSERT INTO replaysafe.all_tenant_roles AS a (role_oid, role_name)
+    VALUES (v_oid, p_role)
+    ON CONFLICT (role_oid) DO UPDATE SET role_name = excluded.role_name, bound_at = now();
 END
 $$;
 
@@ -172,5 +222,28 @@ BEGIN
             FROM replaysafe.alembic_version v);
 EXCEPTION WHEN undefined_table THEN
     RETURN NULL;
+END
+$$;
+
+-- What the caller acts for: its role, its tenant (its binding, or p_grant's tenant when the
+-- grant is valid for it) or every tenant (the schema owner, bind_role_to_all_tenants());
+-- neither for a role that acts for no tenant, which every function refuses and every view
+-- shows nothing to. Tools ask before they report "nothing to do" (the command line,
+-- reconcile). It names no other tenant and no other role's binding.
+CREATE OR REPLACE FUNCTION replaysafe.acting_for(p_grant text DEFAULT NULL,
+                                                 OUT role_name text, OUT tenant_id text,
+                                                 OUT all_tenants boolean)
+RETURNS record
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    SELECT c.role_name, c.tenant_id, c.acts_for_all INTO role_name, tenant_id, all_tenants
+    FROM replaysafe._caller_scope c;
+    IF p_grant IS NOT NULL THEN
+        tenant_id := replaysafe._acts_with_grant(NULL, p_grant, '{worker,operator,auditor}') ->> 'tid';
+        all_tenants := false;
+    END IF;
 END
 $$;

@@ -72,7 +72,34 @@ CREATE TABLE replaysafe.grant_generations (
     revoked_at timestamptz NOT NULL
 );
 
+-- Roles that act for every tenant of this installation, within their duties (their group
+-- roles): an auditor that reads all, a central reconciler. Set by bind_role_to_all_tenants();
+-- a role's tenant binding (role_bindings) is removed when it gets this one, and the other way
+-- round. Nobody else reads or acts for every tenant but the schema owner.
+CREATE TABLE replaysafe.all_tenant_roles (
+    role_oid  oid PRIMARY KEY,
+    role_name text NOT NULL,
+    bound_at  timestamptz NOT NULL DEFAULT now()
+);
+
+-- The size limits (docs/limits.md), owner-only: the functions refuse (RS005) a value over its
+-- limit before they write anything; a result over its limit is recorded "unknown" instead
+-- (the effect happened). *_bytes are stored sizes (pg_column_size of the value);
+-- number_digits bounds the text form of every number in a JSON value (jsonb prints numbers
+-- in full); langgraph_key_bytes bounds the key columns of one LangGraph row together.
+CREATE TABLE replaysafe.limits (
+    name  text PRIMARY KEY,
+    value bigint NOT NULL CHECK (value > 0)
+);
+INSERT INTO replaysafe.limits (name, value) VALUES
+    ('request_bytes', 1048576), ('result_bytes', 1048576), ('error_bytes', 1048576),
+    ('provider_reference_bytes', 1048576), ('thread_state_bytes', 33554432),
+    ('checkpoint_bytes', 33554432), ('blob_bytes', 33554432), ('pending_write_bytes', 33554432),
+    ('number_digits', 1000), ('langgraph_key_bytes', 2000);
+
 ALTER TABLE replaysafe.role_bindings ENABLE ROW LEVEL SECURITY;
 ALTER TABLE replaysafe.installation ENABLE ROW LEVEL SECURITY;
 ALTER TABLE replaysafe.grant_keys ENABLE ROW LEVEL SECURITY;
 ALTER TABLE replaysafe.grant_generations ENABLE ROW LEVEL SECURITY;
+ALTER TABLE replaysafe.all_tenant_roles ENABLE ROW LEVEL SECURITY;
+ALTER TABLE replaysafe.limits ENABLE ROW LEVEL SECURITY;

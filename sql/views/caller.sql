@@ -13,7 +13,9 @@ FROM (SELECT CASE WHEN current_setting('role') = 'none' THEN session_user::text
 -- It is the owner when it is the schema owner or an explicit member of it (pg_auth_members:
 -- unlike pg_has_role(), a superuser is not a member of every role, so an unbound superuser
 -- that is not the schema owner acts for no tenant), and not inside a security-restricted
--- operation; unbound, the owner acts for every tenant; the owner and replaysafe_operator
+-- operation; unbound, the owner acts for every tenant, and so does a session whose current
+-- role or login bind_role_to_all_tenants() named (by OID and name: a renamed role, or a
+-- node where another role has that OID, fails closed); the owner and replaysafe_operator
 -- members may pass a p_now far from the clock. (No parameters, no pg_roles: one cached plan,
 -- syscache probes.)
 CREATE OR REPLACE VIEW replaysafe._caller_scope AS
@@ -31,7 +33,12 @@ WITH RECURSIVE
                replaysafe._in_restricted_operation() AS restricted
         FROM replaysafe._caller c)
 SELECT me.role_name, me.tenant_id, s.is_owner,
-       me.tenant_id IS NULL AND s.is_owner AS acts_for_all,
+       me.tenant_id IS NULL AND (s.is_owner OR (NOT me.restricted AND EXISTS (
+           SELECT 1 FROM replaysafe.all_tenant_roles a
+           WHERE (a.role_oid, a.role_name) IN ((me.role_oid, me.role_name),
+                                               (to_regrole(quote_ident(session_user::text))::oid,
+                                                session_user::text)))))
+           AS acts_for_all,
        s.is_owner OR (NOT me.restricted AND me.role_oid IN (SELECT o.roleid FROM operators o))
            AS owner_or_operator
 FROM me
@@ -43,7 +50,9 @@ CROSS JOIN LATERAL (SELECT NOT me.restricted AND me.role_oid IN (SELECT o.roleid
 -- its binding, else its login's, else that of the grant use_grant put in force in this
 -- transaction (grant_in_force; its user, if it names one, limits threads_v to that user's
 -- threads); unbound and without a grant, it reads every tenant when it is a member of the
--- schema owner or of replaysafe_auditor. (Pure SQL: a view may call no private helper.)
+-- schema owner or bind_role_to_all_tenants() named it (or its login, as for the login's
+-- binding), and nothing otherwise, whatever its groups. (Pure SQL: a view may call no
+-- private helper.)
 CREATE OR REPLACE VIEW replaysafe._reader AS
 SELECT coalesce(r.tenant_id, g.tenant_id) AS tenant_id,
        CASE WHEN r.tenant_id IS NOT NULL OR g.tenant_id IS NOT NULL THEN false
@@ -53,8 +62,25 @@ SELECT coalesce(r.tenant_id, g.tenant_id) AS tenant_id,
                                   'replaysafe_issuer')
                 THEN false
             ELSE pg_has_role(current_user, n.nspowner, 'USAGE')
-                 OR EXISTS (SELECT 1 FROM pg_roles a WHERE a.rolname = 'replaysafe_auditor'
-                            AND pg_has_role(current_user, a.oid, 'USAGE')) END AS reads_all,
+                 OR EXISTS (SELECT 1 FROM replaysafe.all_tenant_roles a
+                            WHERE (a.role_oid = to_regrole(quote_ident(current_user))::oid
+                                   AND a.role_name = current_user::text
+                                   -- Code such a role owns, running in a session that a
+                                   -- tenant binding governs, reads that tenant only.
+                                   AND NOT EXISTS (
+                                       SELECT 1 FROM replaysafe.role_bindings b
+                                       WHERE b.role_oid IN (
+                                           to_regrole(quote_ident(session_user))::oid,
+                                           to_regrole(quote_ident(
+                                               CASE WHEN current_setting('role') = 'none'
+                                                    THEN session_user::text
+                                                    ELSE current_setting('role') END))::oid)))
+                               OR (a.role_oid = to_regrole(quote_ident(session_user))::oid
+                                   AND a.role_name = session_user::text
+                                   AND current_user::text = CASE WHEN current_setting('role') = 'none'
+                                                                 THEN session_user::text
+                                                                 ELSE current_setting('role') END))
+            END AS reads_all,
        g.user_id
 FROM (SELECT coalesce(
           (SELECT b.tenant_id FROM replaysafe.role_bindings b

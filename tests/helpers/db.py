@@ -141,3 +141,9 @@ def own_connection(ledger: Any) -> psycopg.Connection[Any]:
     conn = ledger._source._own
     assert conn is not None
     return conn
+
+
+def bind_to_all_tenants(dsn: str, role: str) -> None:
+    """Let ``role`` act for every tenant (``bind_role_to_all_tenants``), as the schema owner."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("SELECT replaysafe.bind_role_to_all_tenants(p_role => %s)", (role,))

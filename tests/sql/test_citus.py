@@ -132,14 +132,16 @@ def test_every_key_of_a_table_to_distribute_holds_tenant_id(conn: Conn) -> None:
     """create_distributed_table refuses a primary key, unique or exclusion constraint, unique
     index or foreign key without the distribution column: every one of them holds tenant_id;
     the tables the script distributes are exactly those with rows of a tenant (bindings and
-    grant generations aside: reference tables), and nothing Citus handles apart (identity columns, sequences,
+    grant generations aside: reference tables, as are the all-tenant roles and the limits), and nothing Citus handles apart (identity columns, sequences,
     triggers, foreign keys) is on them."""
     with_tenant, without_tenant, _ = _catalog(conn)
     reference, distributed = schema.citus_layout()
     assert set(distributed) == with_tenant - {"role_bindings", "grant_generations"}
     assert set(reference) - {"role_binding_nodes"} == {"role_bindings", "installation",
-                                                      "grant_keys", "grant_generations"}
-    assert without_tenant == {"installation", "alembic_version", "grant_keys"}
+                                                      "grant_keys", "grant_generations",
+                                                      "all_tenant_roles", "limits"}
+    assert without_tenant == {"installation", "alembic_version", "grant_keys", "all_tenant_roles",
+                              "limits"}
     keys = conn.execute(
         "SELECT k.conrelid::regclass::text, k.conname::text, k.contype::text, "
         "(SELECT a.attnum FROM pg_attribute a WHERE a.attrelid = k.conrelid AND a.attname = 'tenant_id') "
@@ -179,7 +181,8 @@ def test_tables_are_distributed_by_tenant_and_co_located_bindings_are_reference_
                for t in tables[1:])
     assert [t["table_name"] for t in _calls(conn, "create_reference_table")] == [
         "replaysafe.role_bindings", "replaysafe.installation", "replaysafe.role_binding_nodes",
-        "replaysafe.grant_keys", "replaysafe.grant_generations"]
+        "replaysafe.grant_keys", "replaysafe.grant_generations", "replaysafe.all_tenant_roles",
+        "replaysafe.limits"]
     # alembic_version stays on the coordinator.
     assert conn.execute("SELECT count(*) FROM pg_dist_partition WHERE logicalrelid::text LIKE "
                         "'%alembic_version'").fetchone() == (0,)
@@ -196,7 +199,7 @@ def test_single_tenant_functions_are_delegated_by_p_tenant_id_and_no_other_is(
              for c in calls]
     # Every function on every node, once, but the bindings' writers: on a worker they would
     # store that node's role OIDs where the sync reads the coordinator's (security review).
-    coordinator_only = {"bind_role_to_tenant", "unbind_role"}
+    coordinator_only = {"bind_role_to_tenant", "unbind_role", "bind_role_to_all_tenants"}
     assert coordinator_only <= set(functions)
     assert sorted(names) == sorted(set(functions) - coordinator_only)
     by_arg = {n for n, c in zip(names, calls, strict=True) if c["distribution_arg_name"] is not None}

@@ -253,8 +253,14 @@ def test_unbound_role_sees_and_changes_nothing(world: str, make_role: MakeRole) 
     assert snapshot(world) == before
 
 
-def test_auditor_reads_every_tenant_and_cannot_write(world: str, make_role: MakeRole) -> None:
+def test_auditor_bound_to_all_tenants_reads_every_tenant_and_cannot_write(
+        world: str, make_role: MakeRole) -> None:
     role = make_role("replaysafe_auditor")
+    with connect_as(world, role) as c:  # unbound: nothing, whatever its group
+        for name in ("actions_v", "action_attempts_v", "threads_v", "unresolved_actions"):
+            assert set(tenant_rows(c, name) or []) == set(), name
+    with psycopg.connect(world, autocommit=True) as owner:
+        owner.execute("SELECT replaysafe.bind_role_to_all_tenants(p_role => %s)", (role,))
     before = snapshot(world)
     with connect_as(world, role) as c:
         for name in ("actions_v", "action_attempts_v", "threads_v", "unresolved_actions"):

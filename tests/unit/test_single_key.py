@@ -54,11 +54,14 @@ ALLOWED: dict[str, tuple[Literal["tenant-only", "exempt"], str]] = {
     "sweep_expired_actions": ("exempt", "maintenance: a batch of expired leases across keys, "
                                         "of p_tenant_id (or a grant's tenant) when given, else "
                                         "of the caller's tenant by its binding, of every "
-                                        "tenant for the unbound owner"),
+                                        "tenant, round-robin, for the unbound owner and "
+                                        "all-tenant roles"),
     "purge_actions": ("exempt", "maintenance: a batch of old terminal actions across keys, of "
                                 "p_tenant_id (or a grant's tenant) when given, else of the "
                                 "caller's tenant by its binding, of every tenant for the "
                                 "unbound owner"),
+    "_due_tenants": ("exempt", "maintenance: the tenants an all-tenant sweep or purge serves "
+                               "in one call, one index probe per tenant"),
 }
 
 

@@ -1,0 +1,665 @@
+"""SPEC §4, "reading or acting for every tenant is never implicit" and "shared machinery is
+never held hostage by one tenant", with §2's sweep and purge: a role acts for every tenant
+only when the schema owner named it (bind_role_to_all_tenants), in this database and no
+other; acting_for() tells a caller what it acts for; an all-tenant sweep or purge shares its
+batch between the tenants with due actions, and skips rows that another transaction holds
+instead of waiting for them.
+
+Real LOGIN roles on real connections; a lock is held by a tenant's worker in an open
+transaction on a connection of its own, and every sweep or purge that must not wait for it
+runs under a lock_timeout, so a regression fails instead of hanging.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from helpers.db import bind, bind_to_all_tenants, connect_as, owner_rows, sqlstate
+from helpers.grants import table_state
+from psycopg import sql
+
+import replaysafe_pg
+
+Conn = psycopg.Connection[Any]
+MakeRole = Callable[..., str]
+Login = Callable[..., Conn]
+
+VIEWS = ("actions_v", "action_attempts_v", "unresolved_actions", "multi_effect_actions",
+         "threads_v")
+
+
+@pytest.fixture
+def login(dsn: str) -> Iterator[Login]:
+    """Connect (autocommit) as a role, to the test's database or to ``db``; closed after."""
+    with contextlib.ExitStack() as stack:
+        def connect(role: str, db: str = dsn) -> Conn:
+            return stack.enter_context(connect_as(db, role))
+        yield connect
+
+
+# --- writing as the schema owner (who may pass any p_now) ----------------------------------
+
+CLAIM = ("SELECT outcome, attempt, attempt_token FROM replaysafe.claim_action("
+         "p_tenant_id => %(t)s, p_action_key => %(k)s, p_operation => 'refund', "
+         "p_request => '{}', p_worker_id => 'w', p_lease => %(lease)s::interval, "
+         "p_on_expired => %(on_expired)s, p_now => clock_timestamp() - %(ago)s::interval)")
+COMPLETE = ("SELECT replaysafe.complete_action(p_tenant_id => %(t)s, p_action_key => %(k)s, "
+            "p_attempt => %(attempt)s, p_attempt_token => %(token)s, p_result => '{}', "
+            "p_now => clock_timestamp() - %(ago)s::interval)")
+
+
+def claim(c: Conn, tenant: str, key: str, *, lease: str = "1 hour", ago: str = "0",
+          on_expired: str = "unknown") -> tuple[int, str]:
+    """A claim that must answer ``claimed``: its attempt and attempt token."""
+    row = c.execute(CLAIM, {"t": tenant, "k": key, "lease": lease, "ago": ago,
+                            "on_expired": on_expired}).fetchone()
+    assert row is not None and row[0] == "claimed", row
+    return int(row[1]), str(row[2])
+
+
+def complete(c: Conn, tenant: str, key: str, attempt: int, token: str, *,
+             ago: str = "0") -> str:
+    row = c.execute(COMPLETE, {"t": tenant, "k": key, "attempt": attempt, "token": token,
+                               "ago": ago}).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def expired_leases(c: Conn, tenant: str, n: int, *, ago: str, prefix: str = "lease") -> None:
+    """``n`` running actions of ``tenant`` whose 1-second leases ran out ``ago``."""
+    row = c.execute(
+        "SELECT count(*) FROM generate_series(1, %(n)s) g, LATERAL replaysafe.claim_action("
+        "p_tenant_id => %(t)s, p_action_key => %(p)s || '_' || g, p_operation => 'refund', "
+        "p_request => '{}', p_worker_id => 'w', p_lease => '1 second', "
+        "p_now => clock_timestamp() - %(ago)s::interval) cl WHERE cl.outcome = 'claimed'",
+        {"n": n, "t": tenant, "p": prefix, "ago": ago}).fetchone()
+    assert row == (n,)
+
+
+def finished_actions(c: Conn, tenant: str, n: int, *, ago: str, prefix: str = "done") -> None:
+    """``n`` succeeded actions of ``tenant``, completed ``ago``."""
+    row = c.execute(
+        "SELECT count(*) FROM generate_series(1, %(n)s) g, LATERAL replaysafe.claim_action("
+        "p_tenant_id => %(t)s, p_action_key => %(p)s || '_' || g, p_operation => 'refund', "
+        "p_request => '{}', p_worker_id => 'w', p_lease => '1 hour', "
+        "p_now => clock_timestamp() - %(ago)s::interval) cl, LATERAL replaysafe.complete_action("
+        "p_tenant_id => %(t)s, p_action_key => %(p)s || '_' || g, p_attempt => cl.attempt, "
+        "p_attempt_token => cl.attempt_token, p_result => '{}', "
+        "p_now => clock_timestamp() - %(ago)s::interval) r(outcome) WHERE r.outcome = 'recorded'",
+        {"n": n, "t": tenant, "p": prefix, "ago": ago}).fetchone()
+    assert row == (n,)
+
+
+def seed_views(dsn: str, *tenants: str) -> None:
+    """Per tenant, a row for every audit view: a succeeded action ('done'), an unknown one
+    ('lost'), one with two successful attempts ('twice': the first one's report superseded)
+    and a thread ('th')."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        for t in tenants:
+            attempt, token = claim(c, t, "done")
+            assert complete(c, t, "done", attempt, token) == "recorded"
+            attempt, token = claim(c, t, "lost")
+            c.execute("SELECT replaysafe.mark_action_unknown(p_tenant_id => %s, "
+                      "p_action_key => 'lost', p_attempt => %s, p_attempt_token => %s, "
+                      "p_error => '{}')", (t, attempt, token))
+            first, first_token = claim(c, t, "twice", lease="1 second", ago="1 hour",
+                                       on_expired="reclaim")
+            second, second_token = claim(c, t, "twice", on_expired="reclaim")
+            assert (first, second) == (1, 2)
+            assert complete(c, t, "twice", second, second_token) == "recorded"
+            assert complete(c, t, "twice", first, first_token) == "superseded"
+            c.execute("SELECT replaysafe.write_thread(p_tenant_id => %s, p_thread_id => 'th', "
+                      "p_expected_version => 0, p_state => '{}')", (t,))
+
+
+def seen(c: Conn) -> dict[str, set[str]]:
+    """The tenants whose rows each audit view shows on ``c``."""
+    return {v: {r[0] for r in c.execute(sql.SQL("SELECT DISTINCT tenant_id FROM replaysafe.{}")
+                                        .format(sql.Identifier(v))).fetchall()}
+            for v in VIEWS}
+
+
+def everywhere(*tenants: str) -> dict[str, set[str]]:
+    return {v: set(tenants) for v in VIEWS}
+
+
+def states(dsn: str) -> Counter[tuple[str, str]]:
+    """(tenant, state) -> number of actions, read as the owner."""
+    return Counter({(t, s): n for t, s, n in owner_rows(
+        dsn, "SELECT tenant_id, state::text, count(*) FROM replaysafe.actions GROUP BY 1, 2")})
+
+
+def state_of(dsn: str, tenant: str, key: str) -> str | None:
+    rows = owner_rows(dsn, "SELECT state::text FROM replaysafe.actions "
+                           "WHERE tenant_id = %s AND action_key = %s", (tenant, key))
+    return rows[0][0] if rows else None
+
+
+def one(c: Conn, query: str, params: Any = None) -> Any:
+    row = c.execute(query.encode(), params).fetchone()
+    assert row is not None
+    return row[0]
+
+
+def all_tenant_roles(dsn: str) -> list[str]:
+    return [r[0] for r in owner_rows(dsn, "SELECT role_name FROM replaysafe.all_tenant_roles "
+                                          "ORDER BY 1")]
+
+
+def schema_owner(dsn: str) -> str:
+    return str(owner_rows(dsn, "SELECT nspowner::regrole::text FROM pg_catalog.pg_namespace "
+                               "WHERE nspname = 'replaysafe'")[0][0])
+
+
+RESOLVE = ("SELECT replaysafe.resolve_action(p_tenant_id => %s, p_action_key => %s, "
+           "p_state => 'succeeded', p_result => '{}')")
+SWEEP = "SELECT replaysafe.sweep_expired_actions(p_limit => %s)"
+PURGE = "SELECT replaysafe.purge_actions(p_older_than => '0', p_limit => %s)"
+BIND_ALL = "SELECT replaysafe.bind_role_to_all_tenants(p_role => %s)"
+
+
+# --- bind_role_to_all_tenants, unbind_role, bind_role_to_tenant --------------------------
+
+def test_only_the_schema_owner_binds_a_role_to_all_tenants(dsn: str, make_role: MakeRole,
+                                                          login: Login,
+                                                          admin_dsn: str) -> None:
+    target = make_role("replaysafe_auditor")
+    operator = make_role("replaysafe_operator")
+    bind_to_all_tenants(dsn, operator)  # even a role that acts for every tenant
+    # EXECUTE is the owner's alone.
+    assert sqlstate(login(operator), BIND_ALL, (target,)) == "42501"
+    # A privilege granted by mistake opens nothing, nor does superuser power without
+    # membership in the schema owner.
+    mistake = sql.SQL("{} EXECUTE ON FUNCTION replaysafe.bind_role_to_all_tenants(text) {} {}")
+    superuser = make_role()
+    with psycopg.connect(admin_dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("ALTER ROLE {} SUPERUSER").format(sql.Identifier(superuser)))
+    with psycopg.connect(dsn, autocommit=True) as owner:
+        owner.execute(mistake.format(sql.SQL("GRANT"), sql.SQL("TO"), sql.Identifier(operator)))
+        try:
+            for caller in (operator, superuser):
+                assert sqlstate(login(caller), BIND_ALL, (target,)) == "RS004", caller
+        finally:  # the role is dropped after the test: nothing of it may stay behind
+            owner.execute(mistake.format(sql.SQL("REVOKE"), sql.SQL("FROM"),
+                                         sql.Identifier(operator)))
+    assert all_tenant_roles(dsn) == [operator]
+    # The owner's own call is what works.
+    bind_to_all_tenants(dsn, target)
+    assert all_tenant_roles(dsn) == sorted([operator, target])
+
+
+def test_bind_role_to_all_tenants_refuses_group_roles_issuers_and_the_owner(
+        dsn: str, make_role: MakeRole, admin_dsn: str) -> None:
+    issuer = make_role("replaysafe_issuer", "replaysafe_auditor")
+    nested_issuer = make_role(make_role("replaysafe_issuer"), "replaysafe_auditor")
+    owner = schema_owner(dsn)
+    owner_member = make_role("replaysafe_auditor")
+    with psycopg.connect(admin_dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("GRANT {} TO {}").format(sql.Identifier(owner),
+                                                       sql.Identifier(owner_member)))
+    refused = ["replaysafe_worker", "replaysafe_operator", "replaysafe_auditor",
+               "replaysafe_issuer", issuer, nested_issuer, owner, owner_member, None,
+               "rs_no_such_role"]
+    with psycopg.connect(dsn, autocommit=True) as c:
+        for role in refused:
+            assert sqlstate(c, BIND_ALL, (role,)) == "RS005", role
+        assert all_tenant_roles(dsn) == []
+        # The same call for a plain member of a group role is accepted.
+        plain = make_role("replaysafe_auditor")
+        assert sqlstate(c, BIND_ALL, (plain,)) is None
+    assert all_tenant_roles(dsn) == [plain]
+
+
+def test_unbind_role_removes_an_all_tenant_binding(dsn: str, make_role: MakeRole,
+                                                   login: Login) -> None:
+    seed_views(dsn, "A", "B")
+    auditor = make_role("replaysafe_auditor")
+    bind_to_all_tenants(dsn, auditor)
+    c = login(auditor)
+    assert seen(c) == everywhere("A", "B")
+    with psycopg.connect(dsn, autocommit=True) as owner:
+        assert one(owner, "SELECT replaysafe.unbind_role(p_role => %s)", (auditor,)) is True
+        assert all_tenant_roles(dsn) == []
+        assert seen(c) == everywhere()
+        assert one(owner, "SELECT replaysafe.unbind_role(p_role => %s)", (auditor,)) is False
+
+
+def test_a_tenant_binding_and_an_all_tenant_binding_replace_each_other(
+        dsn: str, make_role: MakeRole, login: Login) -> None:
+    seed_views(dsn, "A", "B")
+    auditor = make_role("replaysafe_auditor")
+    c = login(auditor)
+    bind_to_all_tenants(dsn, auditor)
+    assert seen(c) == everywhere("A", "B")
+    bind(dsn, auditor, "A")  # moves it to one tenant: the all-tenant binding goes
+    assert all_tenant_roles(dsn) == []
+    assert seen(c) == everywhere("A")
+    bind_to_all_tenants(dsn, auditor)  # and back: the tenant binding goes
+    assert owner_rows(dsn, "SELECT tenant_id FROM replaysafe.role_bindings WHERE role_name = %s",
+                      (auditor,)) == []
+    assert seen(c) == everywhere("A", "B")
+
+
+def test_an_all_tenant_binding_belongs_to_the_role_not_its_name(
+        dsn: str, make_role: MakeRole, login: Login, admin_dsn: str) -> None:
+    seed_views(dsn, "A", "B")
+    auditor = make_role("replaysafe_auditor")
+    bind_to_all_tenants(dsn, auditor)
+    with psycopg.connect(admin_dsn, autocommit=True) as admin:
+        name = sql.Identifier(auditor)
+        admin.execute(sql.SQL("DROP ROLE {}").format(name))
+        admin.execute(sql.SQL("CREATE ROLE {} LOGIN IN ROLE replaysafe_auditor").format(name))
+    assert seen(login(auditor)) == everywhere()  # a new role of the same name: nothing
+    with psycopg.connect(dsn, autocommit=True) as owner:  # the binding left behind goes
+        assert one(owner, "SELECT replaysafe.unbind_role(p_role => %s)", (auditor,)) is True
+    assert all_tenant_roles(dsn) == []
+
+
+# --- no implicit all-tenant reading or acting --------------------------------------------
+
+def test_an_unbound_auditor_reads_nothing_until_bound_to_all_tenants(
+        dsn: str, make_role: MakeRole, login: Login) -> None:
+    seed_views(dsn, "A", "B")
+    with psycopg.connect(dsn, autocommit=True) as owner:
+        assert seen(owner) == everywhere("A", "B")  # every view has rows of both
+    auditor = make_role("replaysafe_auditor")
+    c = login(auditor)
+    assert seen(c) == everywhere()
+    bind_to_all_tenants(dsn, auditor)
+    assert seen(c) == everywhere("A", "B")
+
+
+def test_an_unbound_operator_acts_for_no_tenant_until_bound_to_all_tenants(
+        dsn: str, make_role: MakeRole, login: Login) -> None:
+    with psycopg.connect(dsn, autocommit=True) as owner:
+        for t in ("A", "B"):
+            attempt, token = claim(owner, t, "lost")
+            owner.execute("SELECT replaysafe.mark_action_unknown(p_tenant_id => %s, "
+                          "p_action_key => 'lost', p_attempt => %s, p_attempt_token => %s, "
+                          "p_error => '{}')", (t, attempt, token))
+            expired_leases(owner, t, 1, ago="1 hour")
+            finished_actions(owner, t, 1, ago="1 hour")
+    operator = make_role("replaysafe_operator")
+    c = login(operator)
+    before = table_state(dsn)
+    for t in ("A", "B"):
+        assert sqlstate(c, RESOLVE, (t, "lost")) == "RS004", t
+    assert one(c, SWEEP, (100,)) == 0
+    assert one(c, PURGE, (100,)) == 0
+    assert sqlstate(c, "SELECT replaysafe.sweep_expired_actions(p_tenant_id => 'A')") == "RS004"
+    assert sqlstate(c, "SELECT replaysafe.purge_actions(p_older_than => '0', "
+                       "p_tenant_id => 'B')") == "RS004"
+    assert table_state(dsn) == before
+
+    bind_to_all_tenants(dsn, operator)
+    assert one(c, RESOLVE, ("A", "lost")) == "succeeded"
+    assert one(c, RESOLVE, ("B", "lost")) == "succeeded"
+    assert one(c, SWEEP, (100,)) == 2
+    assert one(c, PURGE, (100,)) == 4  # each tenant's finished action and the resolved one
+    assert states(dsn) == Counter({("A", "unknown"): 1, ("B", "unknown"): 1})
+
+
+def test_an_all_tenant_worker_claims_for_any_tenant_within_the_worker_duty(
+        dsn: str, make_role: MakeRole, login: Login) -> None:
+    worker = make_role("replaysafe_worker")
+    c = login(worker)
+    params = {"k": "job", "lease": "1 minute", "ago": "0", "on_expired": "unknown"}
+    assert sqlstate(c, CLAIM, {"t": "A", **params}) == "RS004"
+    bind_to_all_tenants(dsn, worker)
+    for t in ("A", "B"):
+        assert claim(c, t, "job", lease="1 minute")[0] == 1
+    assert states(dsn) == Counter({("A", "running"): 1, ("B", "running"): 1})
+    # Settling and purging are still not a worker's.
+    assert sqlstate(c, RESOLVE, ("A", "job")) == "42501"
+    assert sqlstate(c, PURGE, (100,)) == "42501"
+
+
+def test_a_tenant_binding_of_the_login_wins_over_an_all_tenant_role_it_sets(
+        dsn: str, make_role: MakeRole, login: Login) -> None:
+    seed_views(dsn, "A", "B")
+    with psycopg.connect(dsn, autocommit=True) as owner:
+        for t in ("A", "B"):
+            expired_leases(owner, t, 1, ago="1 hour")
+    everyone = make_role("replaysafe_auditor", "replaysafe_operator")
+    bind_to_all_tenants(dsn, everyone)
+    bound = make_role(everyone)
+    bind(dsn, bound, "A")
+    c = login(bound)
+    assert seen(c) == everywhere("A")
+    c.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(everyone)))
+    assert seen(c) == everywhere("A")
+    assert sqlstate(c, RESOLVE, ("B", "lost")) == "RS004"
+    assert one(c, RESOLVE, ("A", "lost")) == "succeeded"
+    assert one(c, SWEEP, (100,)) == 1
+    assert state_of(dsn, "A", "lease_1") == "unknown"
+    assert state_of(dsn, "B", "lease_1") == "running"
+    assert state_of(dsn, "B", "lost") == "unknown"
+
+
+def test_a_tenant_binding_of_the_current_role_wins_over_the_logins_all_tenant_binding(
+        dsn: str, make_role: MakeRole, login: Login) -> None:
+    seed_views(dsn, "A", "B")
+    bound_b = make_role("replaysafe_auditor", "replaysafe_operator")
+    bind(dsn, bound_b, "B")
+    everyone = make_role("replaysafe_auditor", "replaysafe_operator", bound_b)
+    bind_to_all_tenants(dsn, everyone)
+    c = login(everyone)
+    assert seen(c) == everywhere("A", "B")
+    c.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(bound_b)))
+    assert seen(c) == everywhere("B")
+    assert sqlstate(c, RESOLVE, ("A", "lost")) == "RS004"
+    assert one(c, RESOLVE, ("B", "lost")) == "succeeded"
+
+
+def test_an_all_tenant_binding_is_not_inherited_by_the_roles_members(
+        dsn: str, make_role: MakeRole, login: Login) -> None:
+    seed_views(dsn, "A", "B")
+    everyone = make_role("replaysafe_auditor", "replaysafe_operator")
+    bind_to_all_tenants(dsn, everyone)
+    member = make_role(everyone)
+    c = login(member)
+    assert seen(c) == everywhere()
+    assert sqlstate(c, RESOLVE, ("A", "lost")) == "RS004"
+    c.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(everyone)))  # acting as it: yes
+    assert seen(c) == everywhere("A", "B")
+
+
+def test_code_an_all_tenant_role_owns_reads_no_more_for_a_bound_login(
+        dsn: str, make_role: MakeRole, login: Login) -> None:
+    """A login bound to A and a member of an all-tenant role: what SET ROLE to that role
+    does not show (another tenant's rows), a SECURITY DEFINER function the login made that
+    role own (in pg_temp, which every role may create in) must not show either."""
+    seed_views(dsn, "A", "B")
+    everyone = make_role("replaysafe_auditor")
+    bind_to_all_tenants(dsn, everyone)
+    bound = make_role(everyone)
+    bind(dsn, bound, "A")
+    c = login(bound)
+    c.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(everyone)))
+    c.execute("CREATE FUNCTION pg_temp.peek() RETURNS SETOF text LANGUAGE sql "
+              "SECURITY DEFINER AS 'SELECT DISTINCT tenant_id FROM replaysafe.actions_v'")
+    try:
+        assert {r[0] for r in c.execute("SELECT pg_temp.peek()").fetchall()} == {"A"}
+        c.execute("RESET ROLE")
+        assert {r[0] for r in c.execute("SELECT pg_temp.peek()").fetchall()} <= {"A"}
+    finally:  # the role is dropped after the test: its function must be gone by then
+        c.execute("RESET ROLE")
+        c.execute("DROP FUNCTION pg_temp.peek()")
+
+
+def test_a_binding_in_one_database_reads_nothing_in_another(
+        dsn: str, empty_dsn: str, make_role: MakeRole, login: Login) -> None:
+    replaysafe_pg.migrate(empty_dsn)  # a second installation on the same cluster
+    other = empty_dsn
+    seed_views(dsn, "A", "B")
+    seed_views(other, "A", "B")
+    with psycopg.connect(other, autocommit=True) as owner:
+        assert seen(owner) == everywhere("A", "B")
+    bound = make_role("replaysafe_auditor")
+    bind(dsn, bound, "A")
+    everyone = make_role("replaysafe_auditor")
+    bind_to_all_tenants(dsn, everyone)
+    operator = make_role("replaysafe_operator")
+    bind(dsn, operator, "A")
+    assert seen(login(bound)) == everywhere("A")
+    assert seen(login(everyone)) == everywhere("A", "B")
+    assert seen(login(bound, other)) == everywhere()
+    assert seen(login(everyone, other)) == everywhere()
+    in_other = login(operator, other)
+    assert sqlstate(in_other, RESOLVE, ("A", "lost")) == "RS004"
+    assert one(in_other, SWEEP, (100,)) == 0
+
+
+# --- acting_for ---------------------------------------------------------------------------
+
+ACTING_FOR = "SELECT role_name, tenant_id, all_tenants FROM replaysafe.acting_for()"
+ACTING_FOR_GRANT = ("SELECT role_name, tenant_id, all_tenants "
+                    "FROM replaysafe.acting_for(p_grant => %s)")
+
+
+@pytest.mark.parametrize("group", ["replaysafe_worker", "replaysafe_operator",
+                                   "replaysafe_auditor"])
+def test_acting_for_is_granted_to_the_group_roles(dsn: str, make_role: MakeRole,
+                                                  login: Login, group: str) -> None:
+    role = make_role(group)
+    bind(dsn, role, "A")
+    assert login(role).execute(ACTING_FOR).fetchall() == [(role, "A", False)]
+
+
+def test_acting_for_names_each_callers_scope(dsn: str, make_role: MakeRole,
+                                             login: Login) -> None:
+    with psycopg.connect(dsn, autocommit=True) as owner:
+        owner_name = schema_owner(dsn)
+        assert owner.execute(ACTING_FOR).fetchall() == [(owner_name, None, True)]
+        grant_t = one(owner, "SELECT replaysafe.issue_tenant_grant(p_tenant_id => 'T', "
+                             "p_duties => '{worker}')")
+    bound = make_role("replaysafe_worker")
+    bind(dsn, bound, "A")
+    everyone = make_role("replaysafe_auditor")
+    bind_to_all_tenants(dsn, everyone)
+    unbound = make_role("replaysafe_operator")
+    pooled = make_role("replaysafe_worker")
+    assert login(bound).execute(ACTING_FOR).fetchall() == [(bound, "A", False)]
+    assert login(everyone).execute(ACTING_FOR).fetchall() == [(everyone, None, True)]
+    assert login(unbound).execute(ACTING_FOR).fetchall() == [(unbound, None, False)]
+    c = login(pooled)
+    assert c.execute(ACTING_FOR).fetchall() == [(pooled, None, False)]
+    assert c.execute(ACTING_FOR_GRANT, (grant_t,)).fetchall() == [(pooled, "T", False)]
+    # A bound login is not told it acts for another tenant's grant.
+    assert sqlstate(login(bound), ACTING_FOR_GRANT, (grant_t,)) == "RS004"
+
+
+# --- round-robin across tenants -----------------------------------------------------------
+
+def test_an_all_tenant_sweep_shares_its_batch_between_the_tenants(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as owner:
+        expired_leases(owner, "A", 1000, ago="3 hours")  # the backlog, and the oldest
+        expired_leases(owner, "B", 3, ago="2 hours")
+        expired_leases(owner, "C", 3, ago="2 hours")
+        assert one(owner, SWEEP, (10,)) == 10
+        assert states(dsn) == Counter({("A", "unknown"): 4, ("A", "running"): 996,
+                                       ("B", "unknown"): 3, ("C", "unknown"): 3})
+        assert one(owner, SWEEP, (10,)) == 10  # only A has due leases left
+        assert states(dsn) == Counter({("A", "unknown"): 14, ("A", "running"): 986,
+                                       ("B", "unknown"): 3, ("C", "unknown"): 3})
+
+
+def test_an_all_tenant_purge_shares_its_batch_between_the_tenants(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as owner:
+        finished_actions(owner, "A", 1000, ago="3 hours")
+        finished_actions(owner, "B", 3, ago="2 hours")
+        finished_actions(owner, "C", 3, ago="2 hours")
+        assert one(owner, PURGE, (10,)) == 10
+        assert states(dsn) == Counter({("A", "succeeded"): 996})
+        assert one(owner, PURGE, (10,)) == 10
+        assert states(dsn) == Counter({("A", "succeeded"): 986})
+
+
+@pytest.mark.parametrize("call", ["sweep", "purge"])
+def test_repeated_all_tenant_batches_drain_every_tenant(dsn: str, call: str) -> None:
+    """A tenant that needs less than its share may leave a batch short (docs: call again
+    until it returns 0): the first batch serves B beside A's backlog, the calls drain every
+    tenant, and only the last one returns 0."""
+    make, query = (expired_leases, SWEEP) if call == "sweep" else (finished_actions, PURGE)
+    done = "unknown" if call == "sweep" else None
+    with psycopg.connect(dsn, autocommit=True) as owner:
+        make(owner, "A", 30, ago="3 hours")
+        make(owner, "B", 1, ago="2 hours")
+        batches = [one(owner, query, (10,))]
+        assert state_of(dsn, "B", f"{'lease' if call == 'sweep' else 'done'}_1") == done
+        while batches[-1] and len(batches) < 20:
+            batches.append(one(owner, query, (10,)))
+    assert batches[-1] == 0 and 0 not in batches[:-1], batches
+    assert sum(batches) == 31 and max(batches) <= 10, batches
+    left = Counter({("A", "unknown"): 30, ("B", "unknown"): 1}) if call == "sweep" else Counter()
+    assert states(dsn) == left
+
+
+def test_a_tenant_bound_operators_sweep_and_purge_touch_only_its_tenant(
+        dsn: str, make_role: MakeRole, login: Login) -> None:
+    with psycopg.connect(dsn, autocommit=True) as owner:
+        for t in ("A", "B", "C"):
+            expired_leases(owner, t, 3, ago="1 hour")
+            finished_actions(owner, t, 3, ago="1 hour")
+    operator = make_role("replaysafe_operator")
+    bind(dsn, operator, "B")
+    c = login(operator)
+    before = table_state(dsn)
+    assert sqlstate(c, "SELECT replaysafe.sweep_expired_actions(p_tenant_id => 'A')") == "RS004"
+    assert sqlstate(c, "SELECT replaysafe.purge_actions(p_older_than => '0', "
+                       "p_tenant_id => 'C')") == "RS004"
+    assert table_state(dsn) == before
+    assert one(c, SWEEP, (100,)) == 3
+    assert one(c, PURGE, (100,)) == 3
+    assert states(dsn) == Counter({("A", "running"): 3, ("A", "succeeded"): 3,
+                                   ("B", "unknown"): 3,
+                                   ("C", "running"): 3, ("C", "succeeded"): 3})
+    assert one(c, "SELECT replaysafe.sweep_expired_actions(p_tenant_id => 'B')") == 0
+
+
+# --- locks never stall the shared machinery ------------------------------------------------
+
+@pytest.fixture(params=["owner", "all_tenant_operator"])
+def sweeper(request: pytest.FixtureRequest, dsn: str, make_role: MakeRole,
+            login: Login) -> Conn:
+    """Who runs the shared machinery: the schema owner, or an operator bound to every
+    tenant; waiting for a lock fails after 10 s instead of hanging."""
+    if request.param == "owner":
+        c = psycopg.connect(dsn, autocommit=True)
+        request.addfinalizer(c.close)
+    else:
+        operator = make_role("replaysafe_operator")
+        bind_to_all_tenants(dsn, operator)
+        c = login(operator)
+    c.execute("SET lock_timeout = '10s'")
+    return c
+
+
+def timed(c: Conn, query: str, params: Any = None) -> tuple[Any, float]:
+    start = time.monotonic()
+    value = one(c, query, params)
+    return value, time.monotonic() - start
+
+
+def holds_lock(dsn: str, query: str, params: Any) -> bool:
+    """Whether another transaction holds a row ``query`` (… FOR UPDATE NOWAIT) locks."""
+    with psycopg.connect(dsn) as c:
+        try:
+            c.execute(query.encode(), params)
+        except psycopg.errors.LockNotAvailable:
+            return True
+        finally:
+            c.rollback()
+    return False
+
+
+ACTION_ROW = ("SELECT 1 FROM replaysafe.actions WHERE tenant_id = %s AND action_key = %s "
+              "FOR UPDATE NOWAIT")
+ATTEMPT_ROW = ("SELECT 1 FROM replaysafe.action_attempts WHERE tenant_id = %s "
+               "AND action_key = %s AND attempt = %s FOR UPDATE NOWAIT")
+
+
+@pytest.fixture
+def worker_of_a(dsn: str, make_role: MakeRole, login: Login) -> Conn:
+    """A worker bound to tenant A: the one whose open transaction holds A's row."""
+    role = make_role("replaysafe_worker")
+    bind(dsn, role, "A")
+    return login(role)
+
+
+def test_a_shared_sweep_skips_a_lease_another_transaction_holds(
+        dsn: str, sweeper: Conn, worker_of_a: Conn) -> None:
+    with psycopg.connect(dsn, autocommit=True) as owner:
+        attempt, token = claim(owner, "A", "held", lease="1 second", ago="1 hour")
+        expired_leases(owner, "A", 2, ago="1 hour")
+        expired_leases(owner, "B", 2, ago="1 hour")
+    worker_of_a.execute("BEGIN")
+    assert complete(worker_of_a, "A", "held", attempt, token) == "recorded"  # not committed
+    assert holds_lock(dsn, ACTION_ROW, ("A", "held"))
+    swept, elapsed = timed(sweeper, SWEEP, (100,))
+    assert elapsed < 5
+    assert swept == 4
+    assert states(dsn) == Counter({("A", "running"): 1, ("A", "unknown"): 2,
+                                   ("B", "unknown"): 2})
+    worker_of_a.execute("COMMIT")
+    assert state_of(dsn, "A", "held") == "succeeded"
+    assert one(sweeper, SWEEP, (100,)) == 0
+
+
+def test_a_shared_purge_skips_an_action_another_transaction_holds(
+        dsn: str, sweeper: Conn, worker_of_a: Conn) -> None:
+    with psycopg.connect(dsn, autocommit=True) as owner:
+        attempt, token = claim(owner, "A", "held", ago="1 hour")
+        assert complete(owner, "A", "held", attempt, token, ago="1 hour") == "recorded"
+        finished_actions(owner, "A", 2, ago="1 hour")
+        finished_actions(owner, "B", 2, ago="1 hour")
+    # The attempt's report again, in an open transaction: it holds the finished action.
+    worker_of_a.execute("BEGIN")
+    assert complete(worker_of_a, "A", "held", attempt, token) == "superseded"
+    assert holds_lock(dsn, ACTION_ROW, ("A", "held"))
+    purged, elapsed = timed(sweeper, PURGE, (100,))
+    assert elapsed < 5
+    assert purged == 4
+    assert states(dsn) == Counter({("A", "succeeded"): 1})
+    worker_of_a.execute("COMMIT")
+    assert one(sweeper, PURGE, (100,)) == 1
+    assert states(dsn) == Counter()
+
+
+def test_a_shared_purge_skips_an_action_whose_attempt_row_another_transaction_holds(
+        dsn: str, sweeper: Conn, worker_of_a: Conn) -> None:
+    with psycopg.connect(dsn, autocommit=True) as owner:
+        first, first_token = claim(owner, "A", "old", lease="1 second", ago="1 hour",
+                                   on_expired="reclaim")
+        second, second_token = claim(owner, "A", "old", on_expired="reclaim")
+        assert (first, second) == (1, 2)
+        assert complete(owner, "A", "old", second, second_token) == "recorded"
+        finished_actions(owner, "A", 2, ago="1 hour")
+        finished_actions(owner, "B", 2, ago="1 hour")
+    # The older attempt's report, superseded, in an open transaction: it holds that
+    # attempt's row and not the action's.
+    worker_of_a.execute("BEGIN")
+    assert complete(worker_of_a, "A", "old", first, first_token) == "superseded"
+    assert not holds_lock(dsn, ACTION_ROW, ("A", "old"))
+    assert holds_lock(dsn, ATTEMPT_ROW, ("A", "old", 1))
+    purged, elapsed = timed(sweeper, PURGE, (100,))
+    assert elapsed < 5
+    assert purged == 4
+    assert states(dsn) == Counter({("A", "succeeded"): 1})
+    assert owner_rows(dsn, "SELECT attempt FROM replaysafe.action_attempts "
+                           "WHERE tenant_id = 'A' AND action_key = 'old' ORDER BY 1") == [(1,), (2,)]
+    worker_of_a.execute("COMMIT")
+    assert one(sweeper, PURGE, (100,)) == 1
+    assert owner_rows(dsn, "SELECT count(*) FROM replaysafe.action_attempts") == [(0,)]
+
+
+@pytest.mark.parametrize("call", ["sweep", "purge"])
+def test_a_held_row_never_empties_a_shared_batch_while_another_tenant_is_due(
+        dsn: str, worker_of_a: Conn, call: str) -> None:
+    """Tenant A's oldest due action is held by A's open transaction; B's is due too. A
+    batch across tenants goes on with B, even one of a single action: "0" would tell the
+    caller (who calls until 0) that nothing is due, for as long as A holds its row."""
+    with psycopg.connect(dsn, autocommit=True) as owner:
+        owner.execute("SET lock_timeout = '10s'")
+        if call == "sweep":
+            attempt, token = claim(owner, "A", "held", lease="1 second", ago="3 hours")
+            expired_leases(owner, "B", 1, ago="1 hour")
+            worker_of_a.execute("BEGIN")
+            assert complete(worker_of_a, "A", "held", attempt, token) == "recorded"
+        else:
+            attempt, token = claim(owner, "A", "held", ago="3 hours")
+            assert complete(owner, "A", "held", attempt, token, ago="3 hours") == "recorded"
+            finished_actions(owner, "B", 1, ago="1 hour")
+            worker_of_a.execute("BEGIN")
+            assert complete(worker_of_a, "A", "held", attempt, token) == "superseded"
+        assert holds_lock(dsn, ACTION_ROW, ("A", "held"))
+        count, elapsed = timed(owner, SWEEP if call == "sweep" else PURGE, (1,))
+        assert elapsed < 5
+        assert count == 1
+        worker_of_a.execute("COMMIT")
