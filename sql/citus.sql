@@ -191,22 +191,16 @@ SELECT coalesce(r.tenant_id, g.tenant_id) AS tenant_id,
                                   'replaysafe_issuer')
                 THEN false
             ELSE pg_has_role(current_user, n.nspowner, 'USAGE')
-                 OR EXISTS (SELECT 1 FROM replaysafe.all_tenant_roles a
-                            WHERE (a.role_oid = to_regrole(quote_ident(current_user))::oid
-                                   AND a.role_name = current_user::text
-                                   AND NOT EXISTS (  -- see sql/views/caller.sql
-                                       SELECT 1 FROM replaysafe.role_bindings b
-                                       WHERE b.role_oid IN (
-                                           to_regrole(quote_ident(session_user))::oid,
-                                           to_regrole(quote_ident(
-                                               CASE WHEN current_setting('role') = 'none'
-                                                    THEN session_user::text
-                                                    ELSE current_setting('role') END))::oid)))
-                               OR (a.role_oid = to_regrole(quote_ident(session_user))::oid
-                                   AND a.role_name = session_user::text
-                                   AND current_user::text = CASE WHEN current_setting('role') = 'none'
-                                                                 THEN session_user::text
-                                                                 ELSE current_setting('role') END))
+                 -- Only for the session's own current role (or its login), never for code
+                 -- an all-tenant role owns running in someone else's session.
+                 OR (current_user::text = CASE WHEN current_setting('role') = 'none'
+                                               THEN session_user::text
+                                               ELSE current_setting('role') END
+                     AND EXISTS (SELECT 1 FROM replaysafe.all_tenant_roles a
+                                 WHERE (a.role_oid = to_regrole(quote_ident(current_user))::oid
+                                        AND a.role_name = current_user::text)
+                                    OR (a.role_oid = to_regrole(quote_ident(session_user))::oid
+                                        AND a.role_name = session_user::text)))
             END AS reads_all,
        g.user_id
 FROM (SELECT coalesce(

@@ -112,102 +112,109 @@ BEGIN
 END
 $$;
 
--- How a JSON value breaks its size limits (replaysafe.limits): NULL when it keeps them, else
--- {"bytes": stored size, "limit": ...} when it is larger than the limit p_limit names, or
--- {"digits": n, "limit": ...} for a number whose text form has more digits than
--- number_digits allows (jsonb prints numbers in full: 1e131071 is 15 bytes in and 131,072
--- digits out, and 0e-16383 prints 16,384). A limit whose row is deleted is not enforced.
--- Numbers: a number with at most half the digits before its point and half after it keeps
--- the limit, which a jsonpath filter tests for the common case (~5 us for a small request;
--- multiplying by 10^half makes a longer fraction show); those it lets through (and zero,
--- whose fraction of zeros no arithmetic shows) are measured one by one, the huge ones
--- without printing them. An integer's fraction is otherwise zeros the input spelled out,
--- as many as it has characters: it amplifies nothing, and is not counted.
-CREATE OR REPLACE FUNCTION replaysafe._oversize(p_value jsonb, p_limit text)
-RETURNS jsonb
-LANGUAGE plpgsql STABLE
+-- The digits of the longest number in a JSON value when one has more than p_digits (NULL
+-- when none has): jsonb prints every number in full, with every digit of its scale (the
+-- scale is kept, not the zeros: 1e131071 is 15 bytes in and 131,072 digits out, and
+-- round(1::numeric, 16383) stores in a few bytes and prints 16,385 characters), so a few
+-- bytes stored could print a gigabyte. The digits of a number are those before its point (at
+-- least one) and its scale. Every number is read once, measured through its scale and its
+-- magnitude; only a number that may be too long is measured exactly, and a huge one is never
+-- printed.
+CREATE OR REPLACE FUNCTION replaysafe._long_number(p_value jsonb, p_digits bigint)
+RETURNS bigint
+LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_size   integer := pg_column_size(p_value);
-    v_max    bigint;
-    v_digits bigint;
-    v_big    numeric;
-    v_long   numeric;
+    v_numbers jsonb;
+    v_scale   integer;
+    v_largest numeric;
+    v_big     numeric;
+    v_long    numeric;
 BEGIN
-    SELECT max(l.value) FILTER (WHERE l.name = p_limit),
-           max(l.value) FILTER (WHERE l.name = 'number_digits')
-    INTO v_max, v_digits
-    FROM replaysafe.limits l WHERE l.name IN (p_limit, 'number_digits');
-    IF v_size > v_max THEN
-        RETURN jsonb_build_object('bytes', v_size, 'limit', v_max);
-    END IF;
-    IF v_digits IS NULL OR p_value IS NULL THEN
+    IF p_value IS NULL OR p_digits IS NULL THEN
         RETURN NULL;
     END IF;
-    IF v_digits = 1000 THEN  -- the default: a constant path, no variables to build
-        IF NOT jsonb_path_exists(p_value, 'strict $.** ? (@.type() == "number" && (@ >= 1e500 || '
-                                          '@ <= -1e500 || @ == 0 || (@ * 1e500).floor() != @ * 1e500))') THEN
+    v_numbers := jsonb_path_query_array(p_value, 'strict $.** ? (@.type() == "number")');
+    IF v_numbers = '[]'::jsonb THEN
+        RETURN NULL;
+    END IF;
+    SELECT max(scale(e.x::numeric)), max(abs(e.x::numeric)) INTO v_scale, v_largest
+    FROM jsonb_array_elements(v_numbers) e(x);
+    v_big := power(10::numeric, least(p_digits, 131071)::integer);
+    -- The longest fraction and the largest magnitude together keep the limit: every number does.
+    IF v_scale < p_digits AND v_largest < v_big THEN
+        IF v_scale + length(trunc(v_largest)::text) <= p_digits THEN
             RETURN NULL;
         END IF;
-    ELSIF NOT jsonb_path_exists(p_value, 'strict $.** ? (@.type() == "number" && (@ >= $half || '
-                                         '@ <= -$half || @ == 0 || (@ * $half).floor() != @ * $half))',
-                                jsonb_build_object('half', power(10::numeric, least(v_digits / 2, 65535)::integer))) THEN
+    END IF;
+    SELECT m.n INTO v_long
+    FROM jsonb_array_elements(v_numbers) e(x), LATERAL (SELECT e.x::numeric AS n) m
+    WHERE CASE WHEN scale(m.n) >= p_digits OR abs(m.n) >= v_big THEN true
+               ELSE scale(m.n) + length(trunc(abs(m.n))::text) > p_digits END
+    LIMIT 1;
+    IF NOT FOUND THEN
         RETURN NULL;
     END IF;
-    v_big := power(10::numeric, least(v_digits, 131071)::integer);
-    SELECT m.n INTO v_long
-    FROM jsonb_array_elements(jsonb_path_query_array(p_value,
-             'strict $.** ? (@.type() == "number" && (@ >= $big || @ <= -$big || @ == 0 || @.floor() != @))',
-             jsonb_build_object('big', v_big))) e(x),
-         LATERAL (SELECT e.x::numeric AS n) m
-    WHERE CASE WHEN scale(m.n) >= v_digits OR abs(m.n) >= v_big THEN true
-               ELSE length(abs(m.n)::text) - sign(scale(m.n)) > v_digits END
-    LIMIT 1;
-    IF FOUND THEN
-        RETURN jsonb_build_object('digits', length(replace(abs(v_long)::text, '.', '')),
-                                  'limit', v_digits);
+    RETURN scale(v_long) + length(trunc(abs(v_long))::text);
+END
+$$;
+
+-- How a JSON value breaks its limits: NULL when it keeps them, else {"bytes": stored size}
+-- when it is larger than p_max bytes (pg_column_size), or {"digits": n} for a number of more
+-- than p_digits digits (_long_number). A NULL limit is not enforced.
+CREATE OR REPLACE FUNCTION replaysafe._oversize(p_value jsonb, p_max bigint, p_digits bigint)
+RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_digits bigint;
+BEGIN
+    IF pg_column_size(p_value) > p_max THEN
+        RETURN jsonb_build_object('bytes', pg_column_size(p_value));
+    END IF;
+    v_digits := replaysafe._long_number(p_value, p_digits);
+    IF v_digits IS NOT NULL THEN
+        RETURN jsonb_build_object('digits', v_digits);
     END IF;
     RETURN NULL;
 END
 $$;
 
--- RS005 unless a JSON argument keeps its size limits (_oversize).
-CREATE OR REPLACE FUNCTION replaysafe._check_size(p_name text, p_value jsonb, p_limit text)
+-- RS005 unless a JSON argument keeps its limits (_oversize); p_limit names the column of
+-- replaysafe.limits p_max comes from, for the message.
+CREATE OR REPLACE FUNCTION replaysafe._check_size(p_name text, p_value jsonb, p_limit text,
+                                                  p_max bigint, p_digits bigint)
 RETURNS void
-LANGUAGE plpgsql STABLE
+LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_over jsonb := replaysafe._oversize(p_value, p_limit);
+    v_over jsonb := replaysafe._oversize(p_value, p_max, p_digits);
 BEGIN
-    IF v_over IS NULL THEN
-        RETURN;
-    ELSIF v_over ? 'bytes' THEN
+    IF v_over ? 'bytes' THEN
+        PERFORM replaysafe._check_bytes(p_name, (v_over ->> 'bytes')::bigint, p_limit, p_max);
+    ELSIF v_over ? 'digits' THEN
         PERFORM replaysafe._invalid(p_name, format(
-            'is %s bytes stored, over its limit of %s bytes (replaysafe.limits %s)',
-            v_over ->> 'bytes', v_over ->> 'limit', p_limit));
+            'holds a number of %s digits, over the limit of %s digits (replaysafe.limits '
+            'number_digits)', v_over ->> 'digits', p_digits));
     END IF;
-    PERFORM replaysafe._invalid(p_name, format(
-        'holds a number of %s digits, over the limit of %s digits (replaysafe.limits number_digits)',
-        v_over ->> 'digits', v_over ->> 'limit'));
 END
 $$;
 
--- RS005 unless a stored size (of a text or bytea argument) keeps the limit p_limit names.
-CREATE OR REPLACE FUNCTION replaysafe._check_bytes(p_name text, p_size bigint, p_limit text)
+-- RS005 unless a stored size (pg_column_size of the argument) is at most p_max.
+CREATE OR REPLACE FUNCTION replaysafe._check_bytes(p_name text, p_size bigint, p_limit text,
+                                                   p_max bigint)
 RETURNS void
-LANGUAGE plpgsql STABLE
+LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    v_max bigint;
 BEGIN
-    SELECT l.value INTO v_max FROM replaysafe.limits l WHERE l.name = p_limit;
-    IF p_size > v_max THEN
+    IF p_size > p_max THEN
         PERFORM replaysafe._invalid(p_name, format(
             'is %s bytes stored, over its limit of %s bytes (replaysafe.limits %s)',
-            p_size, v_max, p_limit));
+            p_size, p_max, p_limit));
     END IF;
 END
 $$;

@@ -30,43 +30,48 @@ $$;
 
 -- RS005 unless the key columns of every row a call would store (thread, namespace,
 -- checkpoint and task ids, channel and version: p_fixed bytes, plus element i of p_parts and
--- of p_more for each i) take at most langgraph_key_bytes together: more would exceed the
--- primary key index's row size (a raw 54000) once the ids do not compress.
-CREATE OR REPLACE FUNCTION replaysafe._langgraph_check_keys(p_fixed bigint,
+-- of p_more for each i) take at most p_max bytes (langgraph_key_bytes) together, and, with
+-- the tenant id's p_tenant bytes, fit a primary key's index row (2,704 bytes less the row's
+-- headers): over that, random ids do not compress and Postgres refuses the row (54000).
+CREATE OR REPLACE FUNCTION replaysafe._langgraph_check_keys(p_tenant bigint, p_max bigint,
+                                                            p_fixed bigint,
                                                             p_parts text[] DEFAULT '{}',
                                                             p_more text[] DEFAULT NULL)
 RETURNS void
-LANGUAGE plpgsql STABLE
+LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_max   bigint;
     v_bytes bigint := p_fixed;
 BEGIN
     IF cardinality(p_parts) > 0 THEN
         SELECT p_fixed + max(octet_length(a.part) + coalesce(octet_length(a.more), 0)) INTO v_bytes
         FROM unnest(p_parts, p_more) AS a(part, more);
     END IF;
-    SELECT l.value INTO v_max FROM replaysafe.limits l WHERE l.name = 'langgraph_key_bytes';
-    IF v_bytes > v_max THEN
+    IF v_bytes > p_max THEN
         PERFORM replaysafe._invalid('p_thread_id',
             'the thread, namespace, checkpoint and task ids and channel of a row take '
-            || v_bytes || ' bytes together, over the limit of ' || v_max
+            || v_bytes || ' bytes together, over the limit of ' || p_max
             || ' bytes (replaysafe.limits langgraph_key_bytes)');
+    ELSIF v_bytes + p_tenant > 2600 THEN
+        PERFORM replaysafe._invalid('p_tenant_id',
+            'the tenant id and the ids of a row take ' || (v_bytes + p_tenant)
+            || ' bytes together, over the 2600 bytes an index row holds');
     END IF;
 END
 $$;
 
--- RS005 unless every blob keeps the limit p_limit names (stored size).
-CREATE OR REPLACE FUNCTION replaysafe._langgraph_check_blobs(p_name text, p_blobs bytea[], p_limit text)
+-- RS005 unless every blob takes at most p_max bytes (stored size); p_limit names its limit.
+CREATE OR REPLACE FUNCTION replaysafe._langgraph_check_blobs(p_name text, p_blobs bytea[],
+                                                             p_limit text, p_max bigint)
 RETURNS void
-LANGUAGE plpgsql STABLE
+LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF cardinality(p_blobs) > 0 THEN
         PERFORM replaysafe._check_bytes(p_name, (SELECT max(pg_column_size(b)) FROM unnest(p_blobs) b),
-                                        p_limit);
+                                        p_limit, p_max);
     END IF;
 END
 $$;
@@ -227,6 +232,7 @@ DECLARE
     v_bad     boolean := false;
     v_fast    boolean := false;
     r         replaysafe.langgraph_put_record;
+    l         replaysafe.limits;
 BEGIN
     IF (octet_length(p_tenant_id) BETWEEN 1 AND 1024 AND length(p_tenant_id) <= 512
         AND octet_length(p_thread_id) BETWEEN 1 AND 1024 AND length(p_thread_id) <= 512
@@ -252,8 +258,11 @@ BEGIN
     IF p_metadata IS NULL OR jsonb_typeof(p_metadata) <> 'object' THEN
         PERFORM replaysafe._invalid('p_metadata', 'must be a JSON object');
     END IF;
-    PERFORM replaysafe._check_size('p_checkpoint', p_checkpoint, 'checkpoint_bytes');
-    PERFORM replaysafe._check_size('p_metadata', p_metadata, 'checkpoint_bytes');
+    SELECT * INTO l FROM replaysafe.limits;
+    PERFORM replaysafe._check_size('p_checkpoint', p_checkpoint, 'checkpoint_bytes',
+                                   l.checkpoint_bytes, l.number_digits);
+    PERFORM replaysafe._check_size('p_metadata', p_metadata, 'checkpoint_bytes',
+                                   l.checkpoint_bytes, l.number_digits);
     IF p_channels IS NULL OR p_versions IS NULL OR p_types IS NULL OR p_blobs IS NULL
        OR cardinality(p_versions) <> cardinality(p_channels)
        OR cardinality(p_types) <> cardinality(p_channels)
@@ -280,11 +289,13 @@ BEGIN
             'every channel, version and type must be non-empty text of at most 512 characters '
             'and 1024 bytes');
     END IF;
-    PERFORM replaysafe._langgraph_check_keys(octet_length(p_thread_id) + octet_length(p_checkpoint_ns)
+    PERFORM replaysafe._langgraph_check_keys(octet_length(p_tenant_id), l.langgraph_key_bytes,
+                                             octet_length(p_thread_id) + octet_length(p_checkpoint_ns)
                                              + octet_length(p_checkpoint_id));
-    PERFORM replaysafe._langgraph_check_keys(octet_length(p_thread_id) + octet_length(p_checkpoint_ns),
+    PERFORM replaysafe._langgraph_check_keys(octet_length(p_tenant_id), l.langgraph_key_bytes,
+                                             octet_length(p_thread_id) + octet_length(p_checkpoint_ns),
                                              p_channels, p_versions);
-    PERFORM replaysafe._langgraph_check_blobs('p_blobs', p_blobs, 'blob_bytes');
+    PERFORM replaysafe._langgraph_check_blobs('p_blobs', p_blobs, 'blob_bytes', l.blob_bytes);
     IF p_history_limit < 1 THEN
         PERFORM replaysafe._invalid('p_history_limit',
             'must be a positive number of checkpoints (got ' || p_history_limit || ')');
@@ -465,6 +476,7 @@ DECLARE
     v_user    text;
     v_refused text[];
     v_count   integer;
+    l         replaysafe.limits;
 BEGIN
     IF (octet_length(p_tenant_id) BETWEEN 1 AND 1024 AND length(p_tenant_id) <= 512
         AND octet_length(p_thread_id) BETWEEN 1 AND 1024 AND length(p_thread_id) <= 512
@@ -490,10 +502,13 @@ BEGIN
         PERFORM replaysafe._invalid('p_idx',
             'p_idx, p_channels, p_types and p_blobs must have no NULL element');
     END IF;
-    PERFORM replaysafe._langgraph_check_keys(octet_length(p_thread_id) + octet_length(p_checkpoint_ns)
+    SELECT * INTO l FROM replaysafe.limits;
+    PERFORM replaysafe._langgraph_check_keys(octet_length(p_tenant_id), l.langgraph_key_bytes,
+                                             octet_length(p_thread_id) + octet_length(p_checkpoint_ns)
                                              + octet_length(p_checkpoint_id)
                                              + octet_length(p_task_id), p_channels);
-    PERFORM replaysafe._langgraph_check_blobs('p_blobs', p_blobs, 'pending_write_bytes');
+    PERFORM replaysafe._langgraph_check_blobs('p_blobs', p_blobs, 'pending_write_bytes',
+                                              l.pending_write_bytes);
     v_user := replaysafe._acts_for(p_tenant_id, p_grant);
     PERFORM replaysafe._langgraph_user_thread(p_tenant_id, p_thread_id, v_user, true);
     PERFORM replaysafe._durable();
@@ -818,6 +833,7 @@ AS $$
 DECLARE
     v_user    text;
     v_count integer;
+    v_keys    bigint;
 BEGIN
     PERFORM replaysafe._check_id('p_tenant_id', p_tenant_id);
     PERFORM replaysafe._check_id('p_source_thread_id', p_source_thread_id);
@@ -836,6 +852,22 @@ BEGIN
         PERFORM replaysafe._invalid('p_target_thread_id',
             'the target thread already has checkpoints (delete it first)');
     END IF;
+    -- The source's rows under the target's thread id keep the key limits (_langgraph_check_keys).
+    SELECT greatest(
+        (SELECT max(octet_length(c.checkpoint_ns) + octet_length(c.checkpoint_id))
+         FROM replaysafe.langgraph_checkpoints c
+         WHERE c.tenant_id = p_tenant_id AND c.thread_id = p_source_thread_id),
+        (SELECT max(octet_length(b.checkpoint_ns) + octet_length(b.channel) + octet_length(b.version))
+         FROM replaysafe.langgraph_blobs b
+         WHERE b.tenant_id = p_tenant_id AND b.thread_id = p_source_thread_id),
+        (SELECT max(octet_length(w.checkpoint_ns) + octet_length(w.checkpoint_id)
+                    + octet_length(w.task_id) + octet_length(w.channel))
+         FROM replaysafe.langgraph_writes w
+         WHERE w.tenant_id = p_tenant_id AND w.thread_id = p_source_thread_id))
+    INTO v_keys;
+    PERFORM replaysafe._langgraph_check_keys(octet_length(p_tenant_id), l.langgraph_key_bytes,
+                                             octet_length(p_target_thread_id) + coalesce(v_keys, 0))
+    FROM replaysafe.limits l;
 
     INSERT INTO replaysafe.langgraph_checkpoints (tenant_id, thread_id, checkpoint_ns,
         checkpoint_id, parent_checkpoint_id, run_id, checkpoint, metadata, created_at)

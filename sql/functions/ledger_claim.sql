@@ -94,6 +94,8 @@ DECLARE
     v_tokens     bytea;
     v_claim_hash bytea;
     v_token      text;
+    v_max        bigint;
+    v_digits     bigint;
 BEGIN
     IF (octet_length(p_tenant_id) BETWEEN 1 AND 1024 AND length(p_tenant_id) <= 512
         AND octet_length(p_action_key) BETWEEN 1 AND 1024 AND length(p_action_key) <= 512
@@ -173,12 +175,17 @@ BEGIN
                 a.idempotency_key, a.provider_reference, NULL)::replaysafe.claim_record;
         END IF;
     ELSE
+        -- The key of replaysafe.idempotency_key(), computed here: a query without parameters
+        -- keeps one cached plan (with them, every call would be planned anew: ~8 us). The
+        -- limits come with the secrets (one read).
+        SELECT i.key_secret, i.token_secret, l.request_bytes, l.number_digits
+        INTO v_secret, v_tokens, v_max, v_digits
+        FROM replaysafe.installation i LEFT JOIN replaysafe.limits l ON true;
         -- A new action: its request keeps the size limits (checked here only: a later claim
         -- compares it with the stored one, whatever the limits are by then).
-        PERFORM replaysafe._check_size('p_request', p_request, 'request_bytes');
-        -- The key of replaysafe.idempotency_key(), computed here: a query without parameters
-        -- keeps one cached plan (with them, every call would be planned anew: ~8 us).
-        SELECT i.key_secret, i.token_secret INTO v_secret, v_tokens FROM replaysafe.installation i;
+        IF pg_column_size(p_request) > v_max OR replaysafe._long_number(p_request, v_digits) IS NOT NULL THEN
+            PERFORM replaysafe._check_size('p_request', p_request, 'request_bytes', v_max, v_digits);
+        END IF;
         a.idempotency_key := 'rs2_' || encode(sha256(v_secret || sha256(v_secret || convert_to(
             length(p_tenant_id)::text || ':' || p_tenant_id || p_action_key, 'UTF8'))), 'hex');
         -- The first attempt's token, as _attempt_token makes it (inline: this is the hot path;

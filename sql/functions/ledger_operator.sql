@@ -44,10 +44,13 @@ BEGIN
     IF p_expected_attempt < 1 THEN
         PERFORM replaysafe._invalid('p_expected_attempt', 'must be a positive attempt number');
     END IF;
-    PERFORM replaysafe._check_size('p_result', p_result, 'result_bytes');
-    PERFORM replaysafe._check_size('p_error', p_error, 'error_bytes');
-    PERFORM replaysafe._check_bytes('p_provider_reference', pg_column_size(p_provider_reference),
-                                    'provider_reference_bytes');
+    PERFORM replaysafe._check_size('p_result', p_result, 'result_bytes', l.result_bytes,
+                                   l.number_digits),
+            replaysafe._check_size('p_error', p_error, 'error_bytes', l.error_bytes,
+                                   l.number_digits),
+            replaysafe._check_bytes('p_provider_reference', pg_column_size(p_provider_reference),
+                                    'provider_reference_bytes', l.provider_reference_bytes)
+    FROM replaysafe.limits l;
     IF (p_now BETWEEN clock_timestamp() - interval '5 minutes' AND clock_timestamp()) IS NOT TRUE THEN
         p_now := replaysafe._check_now(p_now, p_grant);
     END IF;
@@ -165,16 +168,19 @@ $$;
 -- grant, the grant's tenant: _sweep_scope). Rows locked by a
 -- concurrent claim or report are skipped: that caller decides them. As a claim, a sweep
 -- takes over only leases that had expired before its transaction began (p_now's frame).
--- The tenants an all-tenant sweep (p_began: leases expired by then) or purge (p_before:
--- terminal actions finished before then) serves in one call, and each one's share of
--- p_limit: the tenants with due actions, those whose oldest due action is oldest first, at
--- most p_limit of them, sharing p_limit equally. Tenants are found by a skip scan of the
--- (tenant_id, ...) index, one probe per tenant (a tenant's many actions that are not due
--- cost nothing).
-CREATE OR REPLACE FUNCTION replaysafe._due_tenants(p_limit integer, p_began timestamptz,
+-- The actions an all-tenant sweep (p_began: running leases expired by then) or purge
+-- (p_before: terminal actions finished before then) takes in one call, locked, skipping rows
+-- another transaction holds (never waiting for them). When at most p_limit are due (the
+-- usual case: one probe of the global index) that is all of them. Otherwise round-robin, so
+-- one tenant's backlog never starves another's: the tenants with due actions (one index probe
+-- per tenant with running, or finished, actions), those whose oldest is oldest first, at most
+-- p_limit of them, share p_limit equally (the oldest tenants take the remainder); what their
+-- shares leave (a tenant with fewer due, or with rows held elsewhere) goes to the oldest of
+-- anyone's.
+CREATE OR REPLACE FUNCTION replaysafe._due_actions(p_limit integer, p_began timestamptz,
                                                    p_before timestamptz)
-RETURNS TABLE (tenant_id text, share integer)
-LANGUAGE plpgsql STABLE
+RETURNS TABLE (tenant_id text, action_key text)
+LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
@@ -182,37 +188,95 @@ DECLARE
     v_oldest  timestamptz;
     v_tenants text[] := '{}';
     v_oldests timestamptz[] := '{}';
+    v_keys    text[];
+    v_owners  text[];
+    v_due     integer;
     n         integer;
 BEGIN
-    LOOP
-        -- The next tenant's first entry in the index: its oldest running lease, or its
-        -- oldest finished action.
-        IF p_began IS NOT NULL THEN
-            SELECT x.tenant_id, x.lease_expires_at INTO v_tenant, v_oldest
-            FROM replaysafe.actions x
-            WHERE x.state = 'running' AND x.tenant_id > v_tenant
-            ORDER BY x.tenant_id, x.lease_expires_at LIMIT 1;
-        ELSE
-            SELECT x.tenant_id, x.completed_at INTO v_tenant, v_oldest
-            FROM replaysafe.actions x
-            WHERE x.state IN ('succeeded', 'failed') AND x.tenant_id > v_tenant
-            ORDER BY x.tenant_id, x.completed_at LIMIT 1;
-        END IF;
-        EXIT WHEN NOT FOUND;
-        IF v_oldest <= p_began OR v_oldest < p_before THEN
-            v_tenants := v_tenants || v_tenant;
-            v_oldests := v_oldests || v_oldest;
-        END IF;
-    END LOOP;
-    n := least(cardinality(v_tenants), p_limit);
-    IF n = 0 THEN
+    IF p_began IS NOT NULL THEN
+        SELECT count(*) INTO v_due FROM (
+            SELECT 1 FROM replaysafe.actions x
+            WHERE x.state = 'running' AND x.lease_expires_at <= p_began LIMIT p_limit + 1) c;
+    ELSE
+        SELECT count(*) INTO v_due FROM (
+            SELECT 1 FROM replaysafe.actions x
+            WHERE x.state IN ('succeeded', 'failed') AND x.completed_at < p_before
+            LIMIT p_limit + 1) c;
+    END IF;
+    IF v_due = 0 THEN
         RETURN;
     END IF;
-    RETURN QUERY
-    SELECT d.tenant_id, (p_limit / n + CASE WHEN d.i <= p_limit % n THEN 1 ELSE 0 END)::integer
-    FROM (SELECT u.tenant_id, row_number() OVER (ORDER BY u.oldest, u.tenant_id) AS i
-          FROM unnest(v_tenants, v_oldests) AS u(tenant_id, oldest)) d
-    WHERE d.i <= n;
+    IF v_due > p_limit THEN
+        LOOP
+            -- The next tenant's first entry in the (tenant_id, ...) index: its oldest running
+            -- lease, or its oldest finished action.
+            IF p_began IS NOT NULL THEN
+                SELECT x.tenant_id, x.lease_expires_at INTO v_tenant, v_oldest
+                FROM replaysafe.actions x
+                WHERE x.state = 'running' AND x.tenant_id > v_tenant
+                ORDER BY x.tenant_id, x.lease_expires_at LIMIT 1;
+            ELSE
+                SELECT x.tenant_id, x.completed_at INTO v_tenant, v_oldest
+                FROM replaysafe.actions x
+                WHERE x.state IN ('succeeded', 'failed') AND x.tenant_id > v_tenant
+                ORDER BY x.tenant_id, x.completed_at LIMIT 1;
+            END IF;
+            EXIT WHEN NOT FOUND;
+            IF v_oldest <= p_began OR v_oldest < p_before THEN
+                v_tenants := v_tenants || v_tenant;
+                v_oldests := v_oldests || v_oldest;
+            END IF;
+        END LOOP;
+        n := least(cardinality(v_tenants), p_limit);
+        IF p_began IS NOT NULL THEN  -- through (tenant_id, lease_expires_at) of running rows
+            SELECT array_agg(d.tenant_id), array_agg(d.action_key) INTO v_owners, v_keys
+            FROM (SELECT u.tenant_id, row_number() OVER (ORDER BY u.oldest, u.tenant_id) AS i
+                  FROM unnest(v_tenants, v_oldests) AS u(tenant_id, oldest)) t
+            CROSS JOIN LATERAL (
+                SELECT x.tenant_id, x.action_key FROM replaysafe.actions x
+                WHERE x.tenant_id = t.tenant_id AND x.state = 'running'
+                  AND x.lease_expires_at <= p_began
+                ORDER BY x.lease_expires_at
+                LIMIT p_limit / n + CASE WHEN t.i <= p_limit % n THEN 1 ELSE 0 END
+                FOR UPDATE SKIP LOCKED) d
+            WHERE t.i <= n;
+        ELSE  -- through (tenant_id, completed_at) of terminal rows
+            SELECT array_agg(d.tenant_id), array_agg(d.action_key) INTO v_owners, v_keys
+            FROM (SELECT u.tenant_id, row_number() OVER (ORDER BY u.oldest, u.tenant_id) AS i
+                  FROM unnest(v_tenants, v_oldests) AS u(tenant_id, oldest)) t
+            CROSS JOIN LATERAL (
+                SELECT x.tenant_id, x.action_key FROM replaysafe.actions x
+                WHERE x.tenant_id = t.tenant_id AND x.state IN ('succeeded', 'failed')
+                  AND x.completed_at < p_before
+                ORDER BY x.completed_at
+                LIMIT p_limit / n + CASE WHEN t.i <= p_limit % n THEN 1 ELSE 0 END
+                FOR UPDATE SKIP LOCKED) d
+            WHERE t.i <= n;
+        END IF;
+    END IF;
+    -- All that is due, or what the shares left: oldest first.
+    IF coalesce(cardinality(v_keys), 0) < p_limit THEN
+        IF p_began IS NOT NULL THEN
+            SELECT v_owners || array_agg(d.tenant_id), v_keys || array_agg(d.action_key)
+            INTO v_owners, v_keys
+            FROM (SELECT x.tenant_id, x.action_key FROM replaysafe.actions x
+                  WHERE x.state = 'running' AND x.lease_expires_at <= p_began
+                    AND (x.tenant_id, x.action_key) NOT IN (
+                        SELECT k.t, k.a FROM unnest(v_owners, v_keys) AS k(t, a))
+                  ORDER BY x.lease_expires_at
+                  LIMIT p_limit - coalesce(cardinality(v_keys), 0) FOR UPDATE SKIP LOCKED) d;
+        ELSE
+            SELECT v_owners || array_agg(d.tenant_id), v_keys || array_agg(d.action_key)
+            INTO v_owners, v_keys
+            FROM (SELECT x.tenant_id, x.action_key FROM replaysafe.actions x
+                  WHERE x.state IN ('succeeded', 'failed') AND x.completed_at < p_before
+                    AND (x.tenant_id, x.action_key) NOT IN (
+                        SELECT k.t, k.a FROM unnest(v_owners, v_keys) AS k(t, a))
+                  ORDER BY x.completed_at
+                  LIMIT p_limit - coalesce(cardinality(v_keys), 0) FOR UPDATE SKIP LOCKED) d;
+        END IF;
+    END IF;
+    RETURN QUERY SELECT k.t, k.a FROM unnest(v_owners, v_keys) AS k(t, a);
 END
 $$;
 
@@ -252,26 +316,9 @@ BEGIN
     -- The batch first, locked: through (tenant_id, lease_expires_at) for a tenant's sweep, so it
     -- never walks other tenants' expired leases; through (lease_expires_at) for everyone's.
     IF v_tenant IS NULL THEN
-        -- Every tenant's, round-robin (_due_tenants): one tenant's backlog never starves the
-        -- others. Rows another transaction holds are skipped, never waited for.
+        -- Every tenant's, round-robin (_due_actions).
         SELECT array_agg(d.tenant_id), array_agg(d.action_key) INTO v_tenants, v_actions
-        FROM replaysafe._due_tenants(p_limit, v_began, NULL) t
-        CROSS JOIN LATERAL (
-            SELECT x.tenant_id, x.action_key FROM replaysafe.actions x
-            WHERE x.tenant_id = t.tenant_id AND x.state = 'running' AND x.lease_expires_at <= v_began
-            ORDER BY x.lease_expires_at LIMIT t.share FOR UPDATE SKIP LOCKED) d;
-        -- What the shares left (a tenant with fewer due, or with rows held elsewhere): the
-        -- oldest of anyone's, so a held row never leaves the batch empty while others are due.
-        IF coalesce(cardinality(v_actions), 0) < p_limit THEN
-            SELECT v_tenants || array_agg(d.tenant_id), v_actions || array_agg(d.action_key)
-            INTO v_tenants, v_actions
-            FROM (SELECT x.tenant_id, x.action_key FROM replaysafe.actions x
-                  WHERE x.state = 'running' AND x.lease_expires_at <= v_began
-                    AND (x.tenant_id, x.action_key) NOT IN (
-                        SELECT k.tenant_id, k.action_key FROM unnest(v_tenants, v_actions) AS k(tenant_id, action_key))
-                  ORDER BY x.lease_expires_at
-                  LIMIT p_limit - coalesce(cardinality(v_actions), 0) FOR UPDATE SKIP LOCKED) d;
-        END IF;
+        FROM replaysafe._due_actions(p_limit, v_began, NULL) d;
     ELSE
         SELECT array_agg(d.tenant_id), array_agg(d.action_key) INTO v_tenants, v_actions
         FROM (SELECT x.tenant_id, x.action_key FROM replaysafe.actions x
@@ -367,24 +414,9 @@ BEGIN
     -- The batch first, locked: through (tenant_id, completed_at) for a tenant's purge, so it
     -- never walks other tenants' old actions; through (completed_at) for everyone's.
     IF v_tenant IS NULL THEN
-        -- Every tenant's, round-robin, as sweep_expired_actions.
+        -- Every tenant's, round-robin (_due_actions).
         SELECT array_agg(d.tenant_id), array_agg(d.action_key) INTO v_tenants, v_actions
-        FROM replaysafe._due_tenants(p_limit, NULL, p_now - p_older_than) t
-        CROSS JOIN LATERAL (
-            SELECT x.tenant_id, x.action_key FROM replaysafe.actions x
-            WHERE x.tenant_id = t.tenant_id AND x.state IN ('succeeded', 'failed')
-              AND x.completed_at < p_now - p_older_than
-            ORDER BY x.completed_at LIMIT t.share FOR UPDATE SKIP LOCKED) d;
-        IF coalesce(cardinality(v_actions), 0) < p_limit THEN  -- as sweep_expired_actions
-            SELECT v_tenants || array_agg(d.tenant_id), v_actions || array_agg(d.action_key)
-            INTO v_tenants, v_actions
-            FROM (SELECT x.tenant_id, x.action_key FROM replaysafe.actions x
-                  WHERE x.state IN ('succeeded', 'failed') AND x.completed_at < p_now - p_older_than
-                    AND (x.tenant_id, x.action_key) NOT IN (
-                        SELECT k.tenant_id, k.action_key FROM unnest(v_tenants, v_actions) AS k(tenant_id, action_key))
-                  ORDER BY x.completed_at
-                  LIMIT p_limit - coalesce(cardinality(v_actions), 0) FOR UPDATE SKIP LOCKED) d;
-        END IF;
+        FROM replaysafe._due_actions(p_limit, NULL, p_now - p_older_than) d;
     ELSE
         SELECT array_agg(d.tenant_id), array_agg(d.action_key) INTO v_tenants, v_actions
         FROM (SELECT x.tenant_id, x.action_key FROM replaysafe.actions x

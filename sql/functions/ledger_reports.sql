@@ -255,23 +255,29 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    l      replaysafe.limits;
     v_over jsonb;
 BEGIN
     IF p_result IS NULL THEN
         PERFORM replaysafe._invalid('p_result', 'must not be NULL (use the JSON value null)');
     END IF;
     -- A result over its limits comes after the side effect: refusing it would lose that the
-    -- effect happened. The action is recorded "unknown", to be reconciled with the provider.
-    v_over := replaysafe._oversize(p_result, 'result_bytes');
-    IF v_over IS NULL AND pg_column_size(p_provider_reference) > (
-           SELECT l.value FROM replaysafe.limits l WHERE l.name = 'provider_reference_bytes') THEN
-        v_over := jsonb_build_object('bytes', pg_column_size(p_provider_reference));
+    -- effect happened. The action is recorded "unknown", to be reconciled with the provider;
+    -- the error says why, and keeps a provider reference that fits (on the action too).
+    SELECT * INTO l FROM replaysafe.limits;
+    IF p_provider_reference IS NOT NULL
+       AND pg_column_size(p_provider_reference) > l.provider_reference_bytes THEN
+        v_over := jsonb_build_object('provider_reference_bytes', pg_column_size(p_provider_reference));
+        p_provider_reference := NULL;
+    ELSE
+        v_over := replaysafe._oversize(p_result, l.result_bytes, l.number_digits);
     END IF;
     IF v_over IS NOT NULL THEN
         RETURN replaysafe._report(p_tenant_id, p_action_key, p_attempt, p_attempt_token, 'unknown',
                                   NULL, jsonb_build_object('reason', 'result_too_large')
-                                        || (v_over - 'limit'),
-                                  NULL, p_now, p_grant);
+                                        || v_over || jsonb_strip_nulls(jsonb_build_object(
+                                            'provider_reference', p_provider_reference)),
+                                  p_provider_reference, p_now, p_grant);
     END IF;
     RETURN replaysafe._report(p_tenant_id, p_action_key, p_attempt, p_attempt_token, 'succeeded',
                               p_result, NULL, p_provider_reference, p_now, p_grant);
@@ -299,7 +305,8 @@ BEGIN
     IF p_retryable IS NULL THEN
         PERFORM replaysafe._invalid('p_retryable', 'must not be NULL');
     END IF;
-    PERFORM replaysafe._check_size('p_error', p_error, 'error_bytes');
+    PERFORM replaysafe._check_size('p_error', p_error, 'error_bytes', l.error_bytes, l.number_digits)
+    FROM replaysafe.limits l;
     RETURN replaysafe._report(p_tenant_id, p_action_key, p_attempt, p_attempt_token,
                               CASE WHEN p_retryable THEN 'retryable' ELSE 'failed' END::replaysafe.action_state,
                               NULL, p_error, NULL, p_now, p_grant);
@@ -323,7 +330,8 @@ BEGIN
     IF p_error IS NULL THEN
         PERFORM replaysafe._invalid('p_error', 'must not be NULL');
     END IF;
-    PERFORM replaysafe._check_size('p_error', p_error, 'error_bytes');
+    PERFORM replaysafe._check_size('p_error', p_error, 'error_bytes', l.error_bytes, l.number_digits)
+    FROM replaysafe.limits l;
     RETURN replaysafe._report(p_tenant_id, p_action_key, p_attempt, p_attempt_token, 'unknown',
                               NULL, p_error, NULL, p_now, p_grant);
 END

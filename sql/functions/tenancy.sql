@@ -108,18 +108,22 @@ $$;
 -- Tenant bindings (schema owner only)
 -- ---------------------------------------------------------------------------------------
 
-CREATE OR REPLACE FUNCTION replaysafe.bind_role_to_tenant(p_role text, p_tenant_id text)
-RETURNS void
+-- The checks both bindings make, and the OID of the role to bind: the caller is the schema
+-- owner, p_role an existing role that is not a group role.
+CREATE OR REPLACE FUNCTION replaysafe._role_to_bind(p_role text)
+RETURNS oid
 LANGUAGE plpgsql
-SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    v_oid oid;
 BEGIN
     -- EXECUTE is the owner's alone; a default privilege granted by mistake must not open it.
     IF NOT EXISTS (SELECT 1 FROM replaysafe._caller_scope c WHERE c.is_owner) THEN
         PERFORM replaysafe._raise('RS004', 'access denied: only the schema owner binds roles');
     END IF;
-    IF p_role IS NULL OR NOT EXISTS (SELECT 1 FROM pg_roles r WHERE r.rolname = p_role) THEN
+    SELECT r.oid INTO v_oid FROM pg_roles r WHERE r.rolname = p_role;
+    IF p_role IS NULL OR v_oid IS NULL THEN
         PERFORM replaysafe._invalid('p_role', 'must name an existing role');
     END IF;
     -- Bound, a group role would hand its tenant to every member that SETs ROLE to it.
@@ -127,11 +131,23 @@ BEGIN
                   'replaysafe_issuer') THEN
         PERFORM replaysafe._invalid('p_role', 'must not be one of the group roles (bind their members)');
     END IF;
+    RETURN v_oid;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION replaysafe.bind_role_to_tenant(p_role text, p_tenant_id text)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_oid oid := replaysafe._role_to_bind(p_role);
+BEGIN
     PERFORM replaysafe._check_id('p_tenant_id', p_tenant_id);
-    DELETE FROM replaysafe.all_tenant_roles a
-    WHERE a.role_oid = (SELECT r.oid FROM pg_roles r WHERE r.rolname = p_role);
+    DELETE FROM replaysafe.all_tenant_roles a WHERE a.role_oid = v_oid;
     INSERT INTO replaysafe.role_bindings AS b (role_oid, role_name, tenant_id)
-    SELECT r.oid, p_role, p_tenant_id FROM pg_roles r WHERE r.rolname = p_role
+    VALUES (v_oid, p_role, p_tenant_id)
     ON CONFLICT (role_oid) DO UPDATE
     SET role_name = excluded.role_name, tenant_id = excluded.tenant_id, bound_at = now();
 END
@@ -176,19 +192,8 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_oid oid;
+    v_oid oid := replaysafe._role_to_bind(p_role);
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM replaysafe._caller_scope c WHERE c.is_owner) THEN
-        PERFORM replaysafe._raise('RS004', 'access denied: only the schema owner binds roles');
-    END IF;
-    SELECT r.oid INTO v_oid FROM pg_roles r WHERE r.rolname = p_role;
-    IF p_role IS NULL OR v_oid IS NULL THEN
-        PERFORM replaysafe._invalid('p_role', 'must name an existing role');
-    END IF;
-    IF p_role IN ('replaysafe_worker', 'replaysafe_operator', 'replaysafe_auditor',
-                  'replaysafe_issuer') THEN
-        PERFORM replaysafe._invalid('p_role', 'must not be one of the group roles (bind their members)');
-    END IF;
     -- An issuer signs grants for any tenant: acting for every tenant as well would make one
     -- login both the capability's maker and its holder (doctor flags it too).
     IF pg_has_role(v_oid, coalesce(to_regrole('replaysafe_issuer')::oid, 0::oid), 'MEMBER') THEN

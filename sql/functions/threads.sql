@@ -140,7 +140,9 @@ BEGIN
     IF p_state IS NULL OR jsonb_typeof(p_state) <> 'object' THEN
         PERFORM replaysafe._invalid('p_state', 'must be a JSON object');
     END IF;
-    PERFORM replaysafe._check_size('p_state', p_state, 'thread_state_bytes');
+    PERFORM replaysafe._check_size('p_state', p_state, 'thread_state_bytes', l.thread_state_bytes,
+                                   l.number_digits)
+    FROM replaysafe.limits l;
     IF p_history_limit < 1 THEN
         PERFORM replaysafe._invalid('p_history_limit',
             'must be a positive number of versions (got ' || p_history_limit || ')');

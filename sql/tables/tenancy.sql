@@ -82,20 +82,26 @@ CREATE TABLE replaysafe.all_tenant_roles (
     bound_at  timestamptz NOT NULL DEFAULT now()
 );
 
--- The size limits (docs/limits.md), owner-only: the functions refuse (RS005) a value over its
--- limit before they write anything; a result over its limit is recorded "unknown" instead
--- (the effect happened). *_bytes are stored sizes (pg_column_size of the value);
--- number_digits bounds the text form of every number in a JSON value (jsonb prints numbers
--- in full); langgraph_key_bytes bounds the key columns of one LangGraph row together.
+-- The size limits (docs/limits.md), one row, owner-only: the functions refuse (RS005) a
+-- value over its limit before they write anything; a result over its limit is recorded
+-- "unknown" instead (the effect happened). *_bytes are stored sizes (pg_column_size of the
+-- value); number_digits bounds the text form of every number in a JSON value (jsonb prints
+-- numbers in full); langgraph_key_bytes bounds the key columns of one LangGraph row together.
+-- Without its row no limit is enforced.
 CREATE TABLE replaysafe.limits (
-    name  text PRIMARY KEY,
-    value bigint NOT NULL CHECK (value > 0)
+    id                       boolean PRIMARY KEY DEFAULT true CHECK (id),
+    request_bytes            bigint NOT NULL DEFAULT 1048576 CHECK (request_bytes > 0),
+    result_bytes             bigint NOT NULL DEFAULT 1048576 CHECK (result_bytes > 0),
+    error_bytes              bigint NOT NULL DEFAULT 1048576 CHECK (error_bytes > 0),
+    provider_reference_bytes bigint NOT NULL DEFAULT 1048576 CHECK (provider_reference_bytes > 0),
+    thread_state_bytes       bigint NOT NULL DEFAULT 33554432 CHECK (thread_state_bytes > 0),
+    checkpoint_bytes         bigint NOT NULL DEFAULT 33554432 CHECK (checkpoint_bytes > 0),
+    blob_bytes               bigint NOT NULL DEFAULT 33554432 CHECK (blob_bytes > 0),
+    pending_write_bytes      bigint NOT NULL DEFAULT 33554432 CHECK (pending_write_bytes > 0),
+    number_digits            bigint NOT NULL DEFAULT 1000 CHECK (number_digits > 0),
+    langgraph_key_bytes      bigint NOT NULL DEFAULT 2000 CHECK (langgraph_key_bytes > 0)
 );
-INSERT INTO replaysafe.limits (name, value) VALUES
-    ('request_bytes', 1048576), ('result_bytes', 1048576), ('error_bytes', 1048576),
-    ('provider_reference_bytes', 1048576), ('thread_state_bytes', 33554432),
-    ('checkpoint_bytes', 33554432), ('blob_bytes', 33554432), ('pending_write_bytes', 33554432),
-    ('number_digits', 1000), ('langgraph_key_bytes', 2000);
+INSERT INTO replaysafe.limits DEFAULT VALUES;
 
 ALTER TABLE replaysafe.role_bindings ENABLE ROW LEVEL SECURITY;
 ALTER TABLE replaysafe.installation ENABLE ROW LEVEL SECURITY;

@@ -132,7 +132,8 @@ def test_every_key_of_a_table_to_distribute_holds_tenant_id(conn: Conn) -> None:
     """create_distributed_table refuses a primary key, unique or exclusion constraint, unique
     index or foreign key without the distribution column: every one of them holds tenant_id;
     the tables the script distributes are exactly those with rows of a tenant (bindings and
-    grant generations aside: reference tables, as are the all-tenant roles and the limits), and nothing Citus handles apart (identity columns, sequences,
+    grant generations aside: reference tables, as are the all-tenant roles and the limits),
+    and nothing Citus handles apart (identity columns, sequences,
     triggers, foreign keys) is on them."""
     with_tenant, without_tenant, _ = _catalog(conn)
     reference, distributed = schema.citus_layout()

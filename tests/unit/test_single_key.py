@@ -60,8 +60,8 @@ ALLOWED: dict[str, tuple[Literal["tenant-only", "exempt"], str]] = {
                                 "p_tenant_id (or a grant's tenant) when given, else of the "
                                 "caller's tenant by its binding, of every tenant for the "
                                 "unbound owner"),
-    "_due_tenants": ("exempt", "maintenance: the tenants an all-tenant sweep or purge serves "
-                               "in one call, one index probe per tenant"),
+    "_due_actions": ("exempt", "maintenance: the actions an all-tenant sweep or purge takes "
+                               "in one call, shared round-robin among the tenants"),
 }
 
 

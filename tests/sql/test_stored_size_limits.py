@@ -89,7 +89,7 @@ def test_the_request_is_checked_on_creation_only(dsn: str, worker: psycopg.Conne
     request = _object_of_size(worker, 4096)
     assert worker.execute(CLAIM, ("k", request)).fetchone()[0] == "claimed"  # type: ignore[index]
     with psycopg.connect(dsn, autocommit=True) as owner:
-        owner.execute("UPDATE replaysafe.limits SET value = 1024 WHERE name = 'request_bytes'")
+        owner.execute("UPDATE replaysafe.limits SET request_bytes = 1024")
     # A later claim of the same action compares the request; the new limit does not apply.
     assert worker.execute(CLAIM, ("k", request)).fetchone()[0] == "running"  # type: ignore[index]
     assert _sqlstate(worker, CLAIM, ("k2", request)) == "RS005"
@@ -102,7 +102,8 @@ def test_a_result_over_its_limit_is_recorded_unknown(dsn: str, worker: psycopg.C
     assert outcome == "recorded"
     row = worker.execute("SELECT state, result, error FROM replaysafe.actions_v "
                          "WHERE action_key = 'r'").fetchone()
-    assert row == ("unknown", None, {"reason": "result_too_large", "bytes": MIB + 1})
+    assert row == ("unknown", None, {"reason": "result_too_large", "bytes": MIB + 1,
+                                     "provider_reference": "ref-1"})
     # At the limit it is a success.
     token = worker.execute(CLAIM, ("r2", "{}")).fetchone()[1]  # type: ignore[index]
     at = _object_of_size(worker, MIB)
@@ -116,16 +117,29 @@ def test_a_provider_reference_over_its_limit_is_recorded_unknown(
     token = worker.execute(CLAIM, ("p", "{}")).fetchone()[1]  # type: ignore[index]
     outcome = worker.execute(COMPLETE, ("p", token, "{}", "r" * (MIB + 1))).fetchone()[0]  # type: ignore[index]
     assert outcome == "recorded"
-    row = worker.execute("SELECT state, error ->> 'reason', provider_reference "
+    row = worker.execute("SELECT state, error, provider_reference "
                          "FROM replaysafe.actions_v WHERE action_key = 'p'").fetchone()
-    assert row == ("unknown", "result_too_large", None)
+    assert row == ("unknown", {"reason": "result_too_large",
+                               "provider_reference_bytes": MIB + 5}, None)
+
+
+def test_a_provider_reference_that_fits_is_kept_with_a_result_too_large(
+        worker: psycopg.Connection[Any]) -> None:
+    token = worker.execute(CLAIM, ("p2", "{}")).fetchone()[1]  # type: ignore[index]
+    result = _object_of_size(worker, MIB + 1)
+    assert worker.execute(COMPLETE, ("p2", token, result, "re_123")).fetchone()[0] == "recorded"  # type: ignore[index]
+    row = worker.execute("SELECT state, error, provider_reference "
+                         "FROM replaysafe.actions_v WHERE action_key = 'p2'").fetchone()
+    assert row == ("unknown", {"reason": "result_too_large", "bytes": MIB + 1,
+                               "provider_reference": "re_123"}, "re_123")
 
 
 @pytest.mark.parametrize("number", ["1e1000", "-1e1000", "0e-1000", "1e-1000",
-                                    "1" * 1001, "0." + "1" * 1000, "1e131071"])
+                                    "1" * 1001, "0." + "1" * 1000, "1e131071",
+                                    "1." + "0" * 1000, "-2." + "0" * 2000])
 def test_a_number_of_more_than_a_thousand_digits_is_refused(
         dsn: str, worker: psycopg.Connection[Any], number: str) -> None:
-    request = '{"a": [1, {"b": %s}]}' % number
+    request = '{"a": [1, {"b": ' + number + "}]}"
     assert _sqlstate(worker, CLAIM, ("n", request)) == "RS005"
     with psycopg.connect(dsn) as owner:
         assert _count(owner, "actions") == 0
@@ -135,7 +149,7 @@ def test_a_number_of_more_than_a_thousand_digits_is_refused(
                                     "0", "12345678901234567890.5"])
 def test_a_number_of_at_most_a_thousand_digits_is_accepted(
         worker: psycopg.Connection[Any], number: str) -> None:
-    request = '{"a": [1, {"b": %s}]}' % number
+    request = '{"a": [1, {"b": ' + number + "}]}"
     assert worker.execute(CLAIM, ("n", request)).fetchone()[0] == "claimed"  # type: ignore[index]
 
 
@@ -177,7 +191,7 @@ def test_an_operator_resolution_over_its_limit_is_refused(
 
 def test_a_thread_state_over_its_limit_is_refused(dsn: str, worker: psycopg.Connection[Any]) -> None:
     with psycopg.connect(dsn, autocommit=True) as owner:
-        owner.execute("UPDATE replaysafe.limits SET value = 4096 WHERE name = 'thread_state_bytes'")
+        owner.execute("UPDATE replaysafe.limits SET thread_state_bytes = 4096")
     write = ("SELECT replaysafe.write_thread(p_tenant_id => 'A', p_thread_id => 't', "
              "p_expected_version => 0, p_state => %s::jsonb)")
     assert _sqlstate(worker, write, (_object_of_size(worker, 4097),)) == "RS005"
@@ -229,8 +243,8 @@ def test_langgraph_key_columns_over_two_thousand_bytes_are_rs005_not_54000(
 def test_langgraph_blobs_and_pending_writes_over_their_limits_are_refused(
         dsn: str, worker: psycopg.Connection[Any]) -> None:
     with psycopg.connect(dsn, autocommit=True) as owner:
-        owner.execute("UPDATE replaysafe.limits SET value = 1000 "
-                      "WHERE name IN ('blob_bytes', 'pending_write_bytes', 'checkpoint_bytes')")
+        owner.execute("UPDATE replaysafe.limits SET blob_bytes = 1000, pending_write_bytes = 1000, "
+                      "checkpoint_bytes = 1000")
     assert _sqlstate(worker, PUT, ("t", "", "c1", ["ch"], ["1"], ["t"], [b"x" * 1000])) == "RS005"
     assert _sqlstate(worker, PUT, ("t", "", "c1", ["ch"], ["1"], ["t"], [b"x" * 990])) is None
     writes = ("SELECT replaysafe.langgraph_put_writes(p_tenant_id => 'A', p_thread_id => 't', "
@@ -247,4 +261,50 @@ def test_langgraph_blobs_and_pending_writes_over_their_limits_are_refused(
 
 def test_no_group_role_reads_or_changes_the_limits(worker: psycopg.Connection[Any]) -> None:
     assert _sqlstate(worker, "SELECT * FROM replaysafe.limits", None) == "42501"
-    assert _sqlstate(worker, "UPDATE replaysafe.limits SET value = 1", None) == "42501"
+    assert _sqlstate(worker, "UPDATE replaysafe.limits SET request_bytes = 1", None) == "42501"
+
+
+@pytest.mark.parametrize("built", ["round(1::numeric, 16383)", "round(0::numeric, 1000)",
+                                   "round(12.5::numeric, 999)"])
+def test_a_number_whose_scale_prints_more_digits_than_it_stores_is_refused(
+        worker: psycopg.Connection[Any], built: str) -> None:
+    # Built in SQL, the value keeps its scale without spelling out its zeros: a few bytes
+    # stored print thousands of digits (a thousand of them would print a gigabyte).
+    query = CLAIM.replace("%s::jsonb", f"jsonb_build_object('a', jsonb_build_array(1, {built}))")
+    assert _sqlstate(worker, query, ("n",)) == "RS005"
+
+
+def test_the_poison_array_of_scaled_numbers_is_refused_quickly(worker: psycopg.Connection[Any]) -> None:
+    query = CLAIM.replace("%s::jsonb", "jsonb_build_object('a', (SELECT jsonb_agg(round(1::numeric, "
+                                       "16383)) FROM generate_series(1, 20000)))")
+    started = time.monotonic()
+    assert _sqlstate(worker, query, ("poison",)) == "RS005"
+    assert time.monotonic() - started < 5
+
+
+def test_langgraph_key_columns_with_a_long_tenant_id_are_rs005_not_54000(
+        dsn: str, make_role: Callable[..., str]) -> None:
+    import secrets
+
+    tenant = "".join(chr(0x100 + secrets.randbelow(0x600)) for _ in range(500))  # 1,000 bytes
+    role = make_role("replaysafe_worker")
+    bind(dsn, role, tenant)
+    wide = "".join(chr(0x100 + secrets.randbelow(0x600)) for _ in range(450))  # 900 bytes
+    with connect_as(dsn, role) as c:
+        c.autocommit = True
+        put = PUT.replace("p_tenant_id => 'A'", "p_tenant_id => %s")
+        assert _sqlstate(c, put, (tenant, wide, wide, "c1", [], [], [], [])) == "RS005"
+
+
+def test_copying_a_langgraph_thread_keeps_the_key_limit(worker: psycopg.Connection[Any]) -> None:
+    import secrets
+
+    def wide(n: int) -> str:
+        return "".join(chr(0x100 + secrets.randbelow(0x600)) for _ in range(n // 2))
+
+    ns, checkpoint = wide(900), wide(900)
+    worker.execute(PUT, ("s", ns, checkpoint, [], [], [], []))
+    copy = ("SELECT replaysafe.langgraph_copy_thread(p_tenant_id => 'A', p_source_thread_id => 's', "
+            "p_target_thread_id => %s)")
+    assert _sqlstate(worker, copy, (wide(900),)) == "RS005"
+    assert worker.execute(copy, ("t",)).fetchone() == (1,)
