@@ -21,6 +21,7 @@ from replaysafe_pg.errors import (
 from replaysafe_pg.execution import Call, Execution, ExecutionStatus
 from replaysafe_pg.grants import GrantClaims, issue_grant, read_claims
 from replaysafe_pg.ledger import AsyncLedger, Ledger
+from replaysafe_pg.limits import DEFAULT_LIMITS, Limits
 from replaysafe_pg.models import (
     Action,
     ActionState,
@@ -33,6 +34,7 @@ from replaysafe_pg.models import (
 from replaysafe_pg.threads import AsyncThreads, Threads, ThreadState, ThreadVersion
 
 __all__ = [
+    "DEFAULT_LIMITS",
     "AccessDenied",
     "Action",
     "ActionNotSucceeded",
@@ -54,6 +56,7 @@ __all__ = [
     "InvalidTransition",
     "LeaseLost",
     "Ledger",
+    "Limits",
     "LoginRefused",
     "OutcomeNotRecorded",
     "ReplaysafeError",

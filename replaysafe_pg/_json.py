@@ -9,26 +9,51 @@ from decimal import Decimal
 from typing import Any
 
 from replaysafe_pg.errors import InvalidArgument
+from replaysafe_pg.limits import DEFAULT_LIMITS, Limits, Payload, longest_int
 
 # "\u0000" in JSON text, unless the backslash itself is escaped ("\\u0000" is fine).
 _NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
-def dumps(value: Any, what: str) -> str:
-    """``value`` as JSON text for a jsonb parameter, or :class:`InvalidArgument`."""
+class TooLong(InvalidArgument):
+    """A value over its size limit (``.over``: what :meth:`Limits.excess` found)."""
+
+    def __init__(self, message: str, over: dict[str, int]) -> None:
+        super().__init__(message)
+        self.over = over
+
+
+def encode(value: Any, what: str, limits: Limits = DEFAULT_LIMITS) -> str:
+    """``value`` as compact JSON text, or :class:`InvalidArgument` (an int too long for
+    Python to print: :class:`TooLong`)."""
     try:
-        text = json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+        return json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
     except (TypeError, ValueError) as exc:
+        if isinstance(exc, ValueError) and "integer string conversion" in str(exc):
+            digits = longest_int(value)
+            raise TooLong(limits.digits_message(digits, what), {"digits": digits}) from None
         raise InvalidArgument(f"{what} is not JSON-serialisable: {exc}") from None
+
+
+def dumps(value: Any, what: str, payload: Payload | None = None,
+          limits: Limits = DEFAULT_LIMITS) -> str:
+    """``value`` as JSON text for a jsonb parameter, or :class:`InvalidArgument`; with
+    ``payload``, also when it is over that payload's ``limits`` (:class:`TooLong`)."""
+    text = encode(value, what, limits)
     if has_nul(text):
         raise InvalidArgument(f"{what} contains a NUL character (\\u0000), which jsonb cannot store")
+    if payload is not None:
+        over = limits.excess(text, payload)
+        if over is not None:
+            raise TooLong(limits.message(over, payload, what), over)
     return text
 
 
-def dumps_object(value: Any, what: str) -> str:
+def dumps_object(value: Any, what: str, payload: Payload | None = None,
+                 limits: Limits = DEFAULT_LIMITS) -> str:
     if not isinstance(value, dict):
         raise InvalidArgument(f"{what} must be a JSON object (a dict), got {type(value).__name__}")
-    return dumps(value, what)
+    return dumps(value, what, payload, limits)
 
 
 def has_nul(text: str) -> bool:

@@ -19,6 +19,7 @@ from typing import Any, Generic, LiteralString, TypeAlias, TypeVar
 from replaysafe_pg import _args, _json, queries
 from replaysafe_pg._grant import Grant, GrantArg, grant_of, tenant_of
 from replaysafe_pg.errors import InvalidArgument
+from replaysafe_pg.limits import DEFAULT_LIMITS, Limits, Payload, limits_of
 from replaysafe_pg.models import (
     Action,
     ActionState,
@@ -75,12 +76,21 @@ class Encoded:
     text: str
 
 
-def _json_arg(value: Any, what: str) -> str:
-    return value.text if isinstance(value, Encoded) else _json.dumps(value, what)
+def _json_arg(value: Any, what: str, payload: Payload, limits: Limits) -> str:
+    return value.text if isinstance(value, Encoded) else _json.dumps(value, what, payload, limits)
 
 
-def _json_object(value: Any, what: str) -> str:
-    return value.text if isinstance(value, Encoded) else _json.dumps_object(value, what)
+def _json_object(value: Any, what: str, payload: Payload, limits: Limits) -> str:
+    return (value.text if isinstance(value, Encoded)
+            else _json.dumps_object(value, what, payload, limits))
+
+
+def result_too_large(over: dict[str, int]) -> dict[str, Any]:
+    """The error an action keeps of a completion over its limits (what ``complete_action``
+    itself records for one): ``{"reason": "result_too_large", "bytes": n}`` or
+    ``"digits": n`` for the result, ``"provider_reference_bytes": n`` for the provider
+    reference."""
+    return {"reason": "result_too_large", **over}
 
 
 # --- decoders ----------------------------------------------------------------------------
@@ -151,12 +161,14 @@ class Calls:
     """The ledger's SQL functions for one tenant and worker (``worker_id`` None: this host
     and process). ``grant``: a tenant grant (or a callable returning the current one) that
     every statement carries; ``tenant_id`` None is then the grant's tenant (else
-    ``"default"``), and a ``tenant_id`` the grant is not for is refused."""
+    ``"default"``), and a ``tenant_id`` the grant is not for is refused. ``limits``: the
+    size limits checked before anything is sent (:mod:`replaysafe_pg.limits`)."""
 
-    __slots__ = ("grant", "tenant_id", "worker_id")
+    __slots__ = ("grant", "limits", "tenant_id", "worker_id")
 
     def __init__(self, tenant_id: str | None, worker_id: str | None,
-                 grant: GrantArg | None = None) -> None:
+                 grant: GrantArg | None = None, limits: Limits = DEFAULT_LIMITS) -> None:
+        self.limits = limits_of(limits)
         self.grant = grant_of(grant, tenant_id)
         self.tenant_id = _args.text_id(tenant_of(tenant_id, self.grant), "tenant_id")
         self.worker_id = _args.text_id(
@@ -198,7 +210,7 @@ class Calls:
         key = self._key(action_key)
         return self._statement("claim_action", key | {
             "operation": _args.text_id(operation, "operation"),
-            "request": _json_object(request, "request"),
+            "request": _json_object(request, "request", "request", self.limits),
             "claim_token": None if claim_token is None else _args.secret(claim_token, "claim_token"),
         } | self._claim_options(lease, thread_id, on_expired, now), _ClaimOf(key["action_key"]))
 
@@ -216,7 +228,8 @@ class Calls:
             "tenant_id": self.tenant_id,
             "action_keys": keys,
             "operations": [_args.text_id(op, "operation") for _, op, _ in calls],
-            "requests": [_json_object(req, "request") for _, _, req in calls],
+            "requests": [_json_object(req, "request", "request", self.limits)
+                         for _, _, req in calls],
             "claim_tokens": None if claim_tokens is None else [
                 None if t is None else _args.secret(t, "claim_token") for t in claim_tokens],
         } | self._claim_options(lease, thread_id, on_expired, now), _ClaimsOf(keys))
@@ -226,23 +239,54 @@ class Calls:
         return self._statement("heartbeat_action", self._attempt(holder, now) | {
             "lease": _args.lease(lease)}, _value)
 
+    def _reference(self, provider_reference: str | None) -> str | None:
+        if provider_reference is None:
+            return None
+        return self.limits.check_text(_args.text(provider_reference, "provider_reference"),
+                                      "provider_reference", "provider_reference")
+
     def complete(self, holder: Claim | AttemptToken, result: Any, provider_reference: str | None,
                  now: datetime | None) -> Statement[ReportOutcome]:
-        return self._statement("complete_action", self._attempt(holder, now) | {
-            "result": _json_arg(result, "result"),
-            "provider_reference": _args.optional_text(provider_reference, "provider_reference"),
-        }, _report)
+        """``complete_action``; for a provider reference or result over its limit (which came
+        after the side effect), ``mark_action_unknown`` with :func:`result_too_large`
+        instead, neither sent: the action becomes ``unknown``, to be reconciled. A reference
+        over its limit is checked first and alone, as ``complete_action`` does."""
+        reference = (None if provider_reference is None
+                     else _args.text(provider_reference, "provider_reference"))
+        attempt = self._attempt(holder, now)
+        if reference is not None:
+            size = self.limits.text_excess(reference, "provider_reference")
+            if size is not None:
+                error = result_too_large({"provider_reference_bytes": size})
+                return self.mark_unknown(holder, Encoded(_json.dumps(error, "error")), now)
+        try:
+            text = _json_arg(result, "result", "result", self.limits)
+        except _json.TooLong as exc:
+            return self.mark_unknown(holder, self._too_large(exc.over, reference), now)
+        return self._statement("complete_action", attempt | {
+            "result": text, "provider_reference": reference}, _report)
+
+    def _too_large(self, over: dict[str, int], reference: str | None) -> Encoded:
+        error = result_too_large(over)
+        text = _json.dumps(error, "error")
+        if reference is not None:
+            # The reference says where the effect is; kept unless the error would be too large.
+            with_reference = _json.dumps(error | {"provider_reference": reference}, "error")
+            if self.limits.excess(with_reference, "error") is None:
+                text = with_reference
+        return Encoded(text)
 
     def fail(self, holder: Claim | AttemptToken, error: Any, retryable: bool,
              now: datetime | None) -> Statement[ReportOutcome]:
         return self._statement("fail_action", self._attempt(holder, now) | {
-            "error": _json_arg(error, "error"), "retryable": _args.flag(retryable, "retryable"),
+            "error": _json_arg(error, "error", "error", self.limits),
+            "retryable": _args.flag(retryable, "retryable"),
         }, _report)
 
     def mark_unknown(self, holder: Claim | AttemptToken, error: Any,
                      now: datetime | None) -> Statement[ReportOutcome]:
         return self._statement("mark_action_unknown", self._attempt(holder, now) | {
-            "error": _json_arg(error, "error")}, _report)
+            "error": _json_arg(error, "error", "error", self.limits)}, _report)
 
     def resolve(self, action_key: str, state: ActionState | str, result: Any, error: Any,
                 provider_reference: str | None, note: str | None,
@@ -250,9 +294,10 @@ class Calls:
                 ) -> Statement[ActionState]:
         return self._statement("resolve_action", self._key(action_key) | {
             "state": _args.text(str(state) if isinstance(state, ActionState) else state, "state"),
-            "result": None if result is None else _json_arg(result, "result"),
-            "error": None if error is None else _json_arg(error, "error"),
-            "provider_reference": _args.optional_text(provider_reference, "provider_reference"),
+            "result": None if result is None else _json_arg(result, "result", "result",
+                                                            self.limits),
+            "error": None if error is None else _json_arg(error, "error", "error", self.limits),
+            "provider_reference": self._reference(provider_reference),
             "note": _args.optional_text(note, "note"), "now": _args.moment(now),
             "expected_attempt": (None if expected_attempt is None
                                  else _args.integer(expected_attempt, "expected_attempt")),
@@ -295,14 +340,15 @@ class Calls:
 # --- the thread functions ----------------------------------------------------------------
 
 class ThreadCalls:
-    """The thread-state SQL functions for one tenant (and optionally one user). ``grant``:
-    as for :class:`Calls`; a grant that names a user restricts the calls to that user's
+    """The thread-state SQL functions for one tenant (and optionally one user). ``grant``
+    and ``limits``: as for :class:`Calls`; a grant that names a user restricts the calls to that user's
     threads (``user_id`` None: the grant's user), and a ``user_id`` it is not for is refused."""
 
-    __slots__ = ("grant", "tenant_id", "user_id")
+    __slots__ = ("grant", "limits", "tenant_id", "user_id")
 
     def __init__(self, tenant_id: str | None, user_id: str | None,
-                 grant: GrantArg | None = None) -> None:
+                 grant: GrantArg | None = None, limits: Limits = DEFAULT_LIMITS) -> None:
+        self.limits = limits_of(limits)
         self.grant = grant_of(grant, tenant_id)
         self.tenant_id = _args.text_id(tenant_of(tenant_id, self.grant), "tenant_id")
         self.user_id = _args.optional_id(user_id, "user_id")
@@ -329,7 +375,7 @@ class ThreadCalls:
             raise InvalidArgument("expected_version must be an int (0 creates the thread)")
         return self._statement("write_thread", self._key(thread_id) | {
             "expected_version": expected_version,
-            "state": _json.dumps_object(state, "state"),
+            "state": _json.dumps_object(state, "state", "thread_state", self.limits),
             "history_limit": None if history_limit is None
             else _args.integer(history_limit, "history_limit"),
         }, _value)

@@ -127,9 +127,12 @@ BY_SQLSTATE: dict[str, type[ReplaysafeError]] = {
     if cls.sqlstate
 }
 
-# Server-side rejections of argument values that did not reach our own checks (a JSON text
-# the server cannot store, a NUL character, an out-of-range number...).
-_INVALID_INPUT = ("22P02", "22P05", "22021", "22003", "22007", "22008", "2202E", "22023")
+# Server-side rejections of a statement for its content or its size, which did not reach our
+# own checks: data exceptions (class 22: a JSON text the server cannot store, a NUL
+# character, an out-of-range number...) and program limits (class 54: a value nested too
+# deep, an array or an index row too large). Sending the statement again cannot help: never
+# retried, never DatabaseUnavailable.
+_REFUSED_CLASSES = ("22", "54")
 
 
 # duplicate_prepared_statement, invalid_sql_statement_name: one client's statement names met
@@ -156,7 +159,7 @@ def translate(exc: psycopg.Error) -> ReplaysafeError | None:
     cls = BY_SQLSTATE.get(state)
     if cls is not None:
         return cls(message, detail=diag.message_detail)
-    if state in _INVALID_INPUT:
+    if state[:2] in _REFUSED_CLASSES:
         return InvalidArgument(f"invalid argument: {message}", detail=diag.message_detail)
     if state == "42501":  # insufficient_privilege: row-level security or missing grants
         return AccessDenied(f"access denied: {message}")

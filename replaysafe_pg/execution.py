@@ -13,11 +13,9 @@ from typing import Any, TypeAlias
 
 from replaysafe_pg import _json
 from replaysafe_pg.errors import ActionNotSucceeded, InvalidArgument, UnstorableResult
+from replaysafe_pg.limits import Limits, longest_int
 from replaysafe_pg.models import ReportOutcome
 
-# Results larger than this are not stored (jsonb itself stops at 255 MB; a result this big in
-# one row would hurt every replay long before that).
-MAX_RESULT_BYTES = 64 * 1024 * 1024
 # Error messages are kept short: they are replayed to every later caller.
 MAX_ERROR_MESSAGE = 4000
 # What an unknown action keeps of a result it could not store: its repr, cut to this length.
@@ -206,14 +204,14 @@ def unstorable_error(exc: UnstorableResult) -> dict[str, Any]:
                     result_repr=exc.result_repr)
 
 
-def dump_result(result: Any, action_key: str, limit: int,
+def dump_result(result: Any, action_key: str, limits: Limits,
                 encoder: Encoder | None) -> tuple[str, Any]:
     """``result`` as JSON text for ``complete_action``, and the value a replay reads back
-    from that text; or :class:`UnstorableResult`."""
+    from that text; or :class:`UnstorableResult`; or, over the result's ``limits``,
+    :class:`~replaysafe_pg._json.TooLong` (its ``.over`` says by how much)."""
     try:
         if encoder is None:
-            raw = _json.pydantic_json(result)
-            text, size = raw.decode("utf-8"), len(raw)
+            text = _json.pydantic_json(result).decode("utf-8")
         else:
             data = encoder(result)
     except Exception as exc:
@@ -223,18 +221,27 @@ def dump_result(result: Any, action_key: str, limit: int,
     if encoder is not None:
         try:
             text = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
-        except (TypeError, ValueError) as exc:
+        except ValueError as exc:
+            if "integer string conversion" not in str(exc):
+                raise unstorable(action_key, result,
+                                 f"the encoder returned what is not JSON: {exc}") from None
+            digits = longest_int(data)
+            raise _json.TooLong(limits.digits_message(digits, "result"),
+                                {"digits": digits}) from None
+        except TypeError as exc:
             raise unstorable(action_key, result,
                              f"the encoder returned what is not JSON: {exc}") from None
-        try:
-            size = len(text) if text.isascii() else len(text.encode("utf-8"))
-        except UnicodeEncodeError as exc:
-            raise unstorable(action_key, result, f"not valid UTF-8 text ({exc})") from None
+        if not text.isascii():
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise unstorable(action_key, result, f"not valid UTF-8 text ({exc})") from None
     if _json.has_nul(text):
         raise unstorable(action_key, result,
                          "it contains a NUL character (\\u0000), which jsonb cannot store")
-    if size > limit:
-        raise unstorable(action_key, result, f"{size} bytes of JSON exceed the limit of {limit}")
+    over = limits.excess(text, "result")
+    if over is not None:
+        raise _json.TooLong(limits.message(over, "result", "result"), over)
     try:
         return text, _json.loads(text)
     except ValueError as exc:  # NaN, Infinity; an integer too long to read back

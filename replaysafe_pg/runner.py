@@ -24,15 +24,16 @@ import logging
 import secrets
 import time
 from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Generic, TypeAlias, TypeVar
 
 import psycopg
 
 from replaysafe_pg import _args, _json
+from replaysafe_pg._json import TooLong
 from replaysafe_pg._listen import POLL_INTERVAL
-from replaysafe_pg.calls import Calls, Encoded, Lease, Statement
+from replaysafe_pg.calls import Calls, Encoded, Lease, Statement, result_too_large
 from replaysafe_pg.errors import (
     DatabaseUnavailable,
     InvalidArgument,
@@ -95,7 +96,6 @@ class Plan:
     retryable: Retryable
     is_async: bool
     awaits: bool  # the async flavour: it awaits what the tool returns
-    max_result_bytes: int
     encoder: Encoder | None  # None: the default (pydantic-core)
 
     @property
@@ -106,7 +106,7 @@ class Plan:
 def make_plan(calls: Calls, operation: str, fn: Callable[..., Any], args: dict[str, Any],
               key: str, *, thread_id: str | None, lease: Lease, on_expired: str,
               wait_timeout: float, timeout: float | None, retryable: Retryable,
-              async_ok: bool, max_result_bytes: int, encoder: Encoder | None) -> Plan:
+              async_ok: bool, encoder: Encoder | None) -> Plan:
     if not callable(fn):
         raise InvalidArgument(f"fn must be callable, got {type(fn).__name__}")
     is_async = tool_info(fn).is_async
@@ -115,8 +115,8 @@ def make_plan(calls: Calls, operation: str, fn: Callable[..., Any], args: dict[s
             f"fn {getattr(fn, '__qualname__', fn)!r} is a coroutine function: a sync Ledger "
             "cannot await it; use AsyncLedger.run")
     # Serialising the request validates args: strict JSON (the request's fingerprint), a
-    # JSON object, nothing written otherwise.
-    request = Encoded(_json.dumps_object(args, "args"))
+    # JSON object within the request's size limits, nothing written otherwise.
+    request = Encoded(_json.dumps_object(args, "args", "request", calls.limits))
     # A fresh claim token per call: a claim whose answer is lost is asked for again with it.
     claim = calls.claim(key, operation, request, lease, thread_id, on_expired, None,
                         new_claim_token())
@@ -133,7 +133,7 @@ def make_plan(calls: Calls, operation: str, fn: Callable[..., Any], args: dict[s
         raise InvalidArgument(f"encoder must be None or callable, got {type(encoder).__name__}")
     return Plan(operation, fn, args, key, claim, lease_seconds, float(wait_timeout),
                 None if timeout is None else float(timeout), retryable, is_async, async_ok,
-                max_result_bytes, encoder)
+                encoder)
 
 
 CallSpec = Call | tuple[str, Callable[..., Any], dict[str, Any], str]
@@ -544,17 +544,55 @@ def execute(calls: Calls, plan: Plan, claim: Claim, ticket: Ticket) -> Steps[Exe
         raise problem
     try:
         # The result returned is the one a replay reads back (docs/run.md).
-        text, stored = dump_result(result, plan.key, plan.max_result_bytes, plan.encoder)
+        text, stored = dump_result(result, plan.key, calls.limits, plan.encoder)
+    except TooLong as exc:
+        # The effect happened and its result is over the limit: the action is recorded
+        # unknown (to be reconciled) without the result, as complete_action would record it.
+        error = result_too_large(exc.over)
+        pending = started(plan, claim, ExecutionStatus.UNKNOWN, error=error)
+        return finish(pending, ticket.lease_lost, (yield from _record(
+            ticket, Report.unknown(calls, claim, error), pending)))
+    except UnstorableResult as exc:
+        yield from _record_unstorable(calls, plan, claim, ticket, exc)
+        raise exc from None
+    try:
         pending = started(plan, claim, ExecutionStatus.SUCCEEDED, result=stored)
         outcome = yield from _record(ticket, Report.success(calls, claim, text), pending)
-    except (UnstorableResult, InvalidArgument) as exc:
-        refused = exc if isinstance(exc, UnstorableResult) else unstorable(
-            plan.key, result, f"the database refused it: {exc}")
-        error = unstorable_error(refused)
-        pending = started(plan, claim, ExecutionStatus.UNKNOWN, error=error)
-        yield from _record(ticket, Report.unknown(calls, claim, error), pending)
+    except InvalidArgument as exc:
+        refused = unstorable(plan.key, result, f"the database refused it: {exc}")
+        yield from _record_unstorable(calls, plan, claim, ticket, refused)
         raise refused from None
+    if outcome is ReportOutcome.RECORDED and len(text) > calls.limits.result // STORED_GROWTH:
+        pending = yield from _as_stored(calls, pending)
     return finish(pending, ticket.lease_lost, outcome)
+
+
+# How much larger than its compact JSON text a value may be in jsonb, which the database's
+# limits measure (arrays of one-digit numbers: 2 bytes of text, about 12 of jsonb each).
+STORED_GROWTH = 8
+
+
+def _as_stored(calls: Calls, pending: Execution) -> Steps[Execution]:
+    """A large result within the driver's limit may still be over the database's, which
+    measures jsonb: complete_action then records the action ``unknown`` (result_too_large)
+    and answers ``recorded``. One read says which (only for results this large)."""
+    try:
+        action = yield Send(calls.get(pending.action_key))
+    except RETRY_ERRORS:
+        return pending
+    if (action is not None and action.state is ActionState.UNKNOWN
+            and action.attempt == pending.attempt and isinstance(action.error, dict)
+            and action.error.get("reason") == "result_too_large"):
+        return replace(pending, status=ExecutionStatus.UNKNOWN, result=None,
+                       error=action.error)
+    return pending
+
+
+def _record_unstorable(calls: Calls, plan: Plan, claim: Claim, ticket: Ticket,
+                       refused: UnstorableResult) -> Steps[ReportOutcome]:
+    error = unstorable_error(refused)
+    pending = started(plan, claim, ExecutionStatus.UNKNOWN, error=error)
+    return (yield from _record(ticket, Report.unknown(calls, claim, error), pending))
 
 
 def _record(ticket: Ticket, report: Report, pending: Execution) -> Steps[ReportOutcome]:

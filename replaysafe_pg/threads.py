@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 from replaysafe_pg._conn import AsyncConninfo, AsyncSource, Conninfo, SyncSource
 from replaysafe_pg._grant import GrantArg
 from replaysafe_pg.calls import Statement, ThreadCalls
+from replaysafe_pg.limits import DEFAULT_LIMITS, Limits
 from replaysafe_pg.models import ThreadState, ThreadVersion
 
 __all__ = ["AsyncThreads", "ThreadState", "ThreadVersion", "Threads"]
@@ -24,8 +25,8 @@ class _ThreadsBase:
     """What both flavours share: the calls bound to tenant and user."""
 
     def __init__(self, *, tenant_id: str | None, user_id: str | None,
-                 grant: GrantArg | None) -> None:
-        self._calls = ThreadCalls(tenant_id, user_id, grant)
+                 grant: GrantArg | None, limits: Limits) -> None:
+        self._calls = ThreadCalls(tenant_id, user_id, grant, limits)
 
     @property
     def tenant_id(self) -> str:
@@ -36,6 +37,11 @@ class _ThreadsBase:
         """The ``user_id`` given (under a grant that names a user and without one, the
         database takes the grant's user)."""
         return self._calls.user_id
+
+    @property
+    def limits(self) -> Limits:
+        """The size limits checked before anything is sent (docs/python.md#size-limits)."""
+        return self._calls.limits
 
 
 class Threads(_ThreadsBase):
@@ -49,12 +55,15 @@ class Threads(_ThreadsBase):
     (see :class:`~replaysafe_pg.Ledger`); ``tenant_id`` may then be omitted. A grant that
     names a user restricts this object to that user's threads: ``user_id`` must be that
     user or omitted (the database then takes the grant's user).
+    ``limits``: a ``state`` whose JSON is over ``limits.thread_state`` (32 MiB by default)
+    raises :class:`~replaysafe_pg.errors.InvalidArgument` before anything is sent
+    (docs/python.md#size-limits).
     """
 
     def __init__(self, conninfo: Conninfo, *, tenant_id: str | None = None,
                  user_id: str | None = None, prepare: bool | None = None,
-                 grant: GrantArg | None = None) -> None:
-        super().__init__(tenant_id=tenant_id, user_id=user_id, grant=grant)
+                 grant: GrantArg | None = None, limits: Limits = DEFAULT_LIMITS) -> None:
+        super().__init__(tenant_id=tenant_id, user_id=user_id, grant=grant, limits=limits)
         self._source = SyncSource(conninfo, prepare=prepare, listen=False)
 
     def close(self) -> None:
@@ -93,8 +102,8 @@ class AsyncThreads(_ThreadsBase):
 
     def __init__(self, conninfo: AsyncConninfo, *, tenant_id: str | None = None,
                  user_id: str | None = None, prepare: bool | None = None,
-                 grant: GrantArg | None = None) -> None:
-        super().__init__(tenant_id=tenant_id, user_id=user_id, grant=grant)
+                 grant: GrantArg | None = None, limits: Limits = DEFAULT_LIMITS) -> None:
+        super().__init__(tenant_id=tenant_id, user_id=user_id, grant=grant, limits=limits)
         self._source = AsyncSource(conninfo, prepare=prepare, listen=False)
 
     async def close(self) -> None:

@@ -31,6 +31,7 @@ from replaysafe_pg import queries
 from replaysafe_pg._args import text_id
 from replaysafe_pg._grant import GrantArg, grant_of, tenant_of
 from replaysafe_pg.errors import InvalidArgument, StaleCheckpointError
+from replaysafe_pg.limits import DEFAULT_LIMITS, Limits, Payload, limits_of
 
 Row = tuple[Any, ...]
 PRUNE_STRATEGIES = ("keep_latest", "delete")
@@ -69,11 +70,14 @@ def _json(value: Any) -> str:
 
 class Codec:
     """The calls of one saver: tenant, serializer and tenant grant bound (``grant``: see
-    :class:`~replaysafe_pg.calls.Calls`; ``tenant_id`` None is then the grant's tenant)."""
+    :class:`~replaysafe_pg.calls.Calls`; ``tenant_id`` None is then the grant's tenant).
+    ``limits``: a checkpoint (its JSON, and its metadata's), a channel value or a pending
+    write over them is refused before anything is sent."""
 
     def __init__(self, tenant_id: str | None, serde: SerializerProtocol,
                  history_limit: int | None = None, *, allow_pickle: bool = False,
-                 grant: GrantArg | None = None) -> None:
+                 grant: GrantArg | None = None, limits: Limits = DEFAULT_LIMITS) -> None:
+        self.limits = limits_of(limits)
         self.grant = grant_of(grant, tenant_id)
         self.tenant_id = text_id(tenant_of(tenant_id, self.grant), "tenant_id")
         self.serde = serde
@@ -91,11 +95,16 @@ class Codec:
         clone.serde = serde
         return clone
 
-    def dumps(self, value: Any) -> tuple[str, bytes]:
+    def dumps(self, value: Any, payload: Payload, what: str) -> tuple[str, bytes]:
         type_, blob = self.serde.dumps_typed(value)
         if type_ == "pickle" and not self.allow_pickle:
             raise InvalidArgument(PICKLE_REFUSED.format(what="store"))
+        self.limits.check_size(len(blob), payload, what)
         return type_, blob
+
+    def checked_json(self, value: Any, what: str) -> str:
+        """A checkpoint's JSON (or its metadata's), within the checkpoint's limits."""
+        return self.limits.check(_json(value), "checkpoint", what)
 
     def loads(self, type_: str, blob: bytes) -> Any:
         # The type tag comes from the database: a worker of the tenant may have written it.
@@ -133,7 +142,8 @@ class Codec:
             channels.append(channel)
             versions.append(str(version))
             if channel in values:
-                type_, blob = self.dumps(values[channel])
+                type_, blob = self.dumps(values[channel], "blob",
+                                         f"the value of channel {channel!r}")
                 types.append(type_)
                 blobs.append(blob)
             else:
@@ -142,8 +152,9 @@ class Codec:
         params = {
             "tenant_id": self.tenant_id, "thread_id": thread_id, "checkpoint_ns": ns,
             "checkpoint_id": checkpoint["id"], "parent_id": conf.get("checkpoint_id"),
-            "checkpoint": _json(stored),
-            "metadata": _json(get_serializable_checkpoint_metadata(config, metadata)),
+            "checkpoint": self.checked_json(stored, "the checkpoint"),
+            "metadata": self.checked_json(get_serializable_checkpoint_metadata(config, metadata),
+                                          "the checkpoint's metadata"),
             "channels": channels, "versions": versions, "types": types, "blobs": blobs,
             "history_limit": self.history_limit,
         }
@@ -179,7 +190,8 @@ class Codec:
         for i, (channel, value) in enumerate(writes):
             idx.append(WRITES_IDX_MAP.get(channel, i))
             channels.append(channel)
-            type_, blob = self.dumps(value)
+            type_, blob = self.dumps(value, "pending_write",
+                                     f"the pending write to channel {channel!r}")
             types.append(type_)
             blobs.append(blob)
         return {

@@ -28,6 +28,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from replaysafe_pg._conn import AsyncConninfo, AsyncSource, Conninfo, SyncSource
 from replaysafe_pg._grant import GrantArg
 from replaysafe_pg.langgraph._codec import Codec, next_version, strict_serde
+from replaysafe_pg.limits import DEFAULT_LIMITS, Limits
 
 __all__ = ["AsyncReplaysafeSaver", "ReplaysafeSaver"]
 
@@ -39,10 +40,10 @@ class _Base(BaseCheckpointSaver[str]):
 
     def __init__(self, *, tenant_id: str | None, serde: SerializerProtocol | None,
                  history_limit: int | None, allow_pickle: bool,
-                 grant: GrantArg | None) -> None:
+                 grant: GrantArg | None, limits: Limits) -> None:
         super().__init__(serde=serde if serde is not None else strict_serde())
         self._codec = Codec(tenant_id, self.serde, history_limit, allow_pickle=allow_pickle,
-                            grant=grant)
+                            grant=grant, limits=limits)
 
     def with_allowlist(self, extra_allowlist: Collection[tuple[str, ...]]
                        ) -> BaseCheckpointSaver[str]:
@@ -57,6 +58,11 @@ class _Base(BaseCheckpointSaver[str]):
     @property
     def tenant_id(self) -> str:
         return self._codec.tenant_id
+
+    @property
+    def limits(self) -> Limits:
+        """The size limits checked before anything is sent (docs/python.md#size-limits)."""
+        return self._codec.limits
 
     def get_next_version(self, current: str | None, channel: None = None) -> str:
         return next_version(current)
@@ -82,14 +88,18 @@ class ReplaysafeSaver(_Base):
     (see :class:`~replaysafe_pg.Ledger`); ``tenant_id`` may then be omitted. Under a grant
     that names a user, the saver reaches only that user's threads, and the threads it
     creates are that user's (docs/isolation.md#tenant-grants).
+    ``limits``: a checkpoint (its JSON or its metadata's), a channel value or a pending write
+    over them (32 MiB each by default) raises :class:`~replaysafe_pg.errors.InvalidArgument`
+    before anything is sent (docs/python.md#size-limits).
     """
 
     def __init__(self, conninfo: Conninfo, *, tenant_id: str | None = None,
                  serde: SerializerProtocol | None = None,
                  history_limit: int | None = None, allow_pickle: bool = False,
-                 prepare: bool | None = None, grant: GrantArg | None = None) -> None:
+                 prepare: bool | None = None, grant: GrantArg | None = None,
+                 limits: Limits = DEFAULT_LIMITS) -> None:
         super().__init__(tenant_id=tenant_id, serde=serde, history_limit=history_limit,
-                         allow_pickle=allow_pickle, grant=grant)
+                         allow_pickle=allow_pickle, grant=grant, limits=limits)
         self._source = SyncSource(conninfo, prepare=prepare, listen=False)
 
     @classmethod
@@ -97,10 +107,10 @@ class ReplaysafeSaver(_Base):
     def from_conn_string(cls, conn_string: str, *, tenant_id: str | None = None,
                          serde: SerializerProtocol | None = None,
                          history_limit: int | None = None, allow_pickle: bool = False,
-                         prepare: bool | None = None,
-                         grant: GrantArg | None = None) -> Iterator[ReplaysafeSaver]:
+                         prepare: bool | None = None, grant: GrantArg | None = None,
+                         limits: Limits = DEFAULT_LIMITS) -> Iterator[ReplaysafeSaver]:
         saver = cls(conn_string, tenant_id=tenant_id, serde=serde, history_limit=history_limit,
-                    allow_pickle=allow_pickle, prepare=prepare, grant=grant)
+                    allow_pickle=allow_pickle, prepare=prepare, grant=grant, limits=limits)
         try:
             yield saver
         finally:
@@ -205,9 +215,10 @@ class AsyncReplaysafeSaver(_Base):
     def __init__(self, conninfo: AsyncConninfo, *, tenant_id: str | None = None,
                  serde: SerializerProtocol | None = None,
                  history_limit: int | None = None, allow_pickle: bool = False,
-                 prepare: bool | None = None, grant: GrantArg | None = None) -> None:
+                 prepare: bool | None = None, grant: GrantArg | None = None,
+                 limits: Limits = DEFAULT_LIMITS) -> None:
         super().__init__(tenant_id=tenant_id, serde=serde, history_limit=history_limit,
-                         allow_pickle=allow_pickle, grant=grant)
+                         allow_pickle=allow_pickle, grant=grant, limits=limits)
         self._source = AsyncSource(conninfo, prepare=prepare, listen=False)
         try:
             self.loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
@@ -219,10 +230,11 @@ class AsyncReplaysafeSaver(_Base):
     async def from_conn_string(cls, conn_string: str, *, tenant_id: str | None = None,
                                serde: SerializerProtocol | None = None,
                                history_limit: int | None = None, allow_pickle: bool = False,
-                               prepare: bool | None = None, grant: GrantArg | None = None
+                               prepare: bool | None = None, grant: GrantArg | None = None,
+                               limits: Limits = DEFAULT_LIMITS
                                ) -> AsyncIterator[AsyncReplaysafeSaver]:
         saver = cls(conn_string, tenant_id=tenant_id, serde=serde, history_limit=history_limit,
-                    allow_pickle=allow_pickle, prepare=prepare, grant=grant)
+                    allow_pickle=allow_pickle, prepare=prepare, grant=grant, limits=limits)
         try:
             yield saver
         finally:

@@ -185,11 +185,9 @@ def test_args_that_are_not_a_json_object_are_refused_and_nothing_is_written(
 
 @pytest.mark.parametrize("result, why", [({"x": math.nan}, "NaN is not a JSON number"),
                                          ("a\x00b", "NUL"), (object(), "cannot convert it"),
-                                         ("\ud800", "surrogates not allowed"),
-                                         ("x" * 300, "exceed the limit")])
+                                         ("\ud800", "surrogates not allowed")])
 def test_an_unstorable_result_marks_unknown_raises_and_never_reruns(
         led: Ledger, dsn: str, result: Any, why: str) -> None:
-    led.max_result_bytes = 256
     tool = Tool(result)
     with pytest.raises(UnstorableResult, match=why) as info:
         led.run("t", tool, {}, key="k")

@@ -62,7 +62,7 @@ def drive(steps: Any, clock: Clock, answer: Any) -> tuple[Any, list[Any]]:
 def plan(lease: float = 30) -> runner.Plan:
     return runner.make_plan(Calls("t", "w"), "op", lambda: 1, {}, "k", thread_id=None,
                             lease=lease, on_expired="unknown", wait_timeout=30, timeout=None,
-                            retryable=None, async_ok=False, max_result_bytes=1000, encoder=None)
+                            retryable=None, async_ok=False, encoder=None)
 
 
 def test_every_plan_claims_with_a_fresh_token() -> None:
