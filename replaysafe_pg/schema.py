@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import Connection, Engine
 
 from replaysafe_pg import _sqltree
-from replaysafe_pg._dsn import render_url, sqlalchemy_url
+from replaysafe_pg._dsn import render_url, scrub, sqlalchemy_url
 from replaysafe_pg._paths import migrations_dir
 from replaysafe_pg.errors import AccessDenied, CitusUnavailable, InvalidArgument, translate
 
@@ -349,14 +349,24 @@ def _connection(target: str | Connection | Engine) -> Iterator[Connection]:
                 with target.begin():
                     yield target
             return
-        engine = target if isinstance(target, Engine) else sa.create_engine(
-            sqlalchemy_url(target), poolclass=sa.NullPool)
+        if isinstance(target, Engine):
+            with target.begin() as conn:
+                yield conn
+            return
+        try:
+            engine = sa.create_engine(sqlalchemy_url(target), poolclass=sa.NullPool)
+        except Exception as exc:
+            scrub(exc, target)  # what the URL quotes, never the password
+            raise
         try:
             with engine.begin() as conn:
                 yield conn
+        except Exception as exc:
+            # A refused connection quotes its host, user, database: never the password.
+            scrub(exc, target)
+            raise
         finally:
-            if not isinstance(target, Engine):
-                engine.dispose()
+            engine.dispose()
 
 
 @contextlib.contextmanager
@@ -660,7 +670,11 @@ def run_from_alembic_env(context: Any) -> None:
         return
     if not dsn:
         raise SystemExit("no database: pass -x dsn=..., set REPLAYSAFE_DSN or sqlalchemy.url")
-    engine = sa.create_engine(sqlalchemy_url(dsn), poolclass=sa.NullPool)
+    try:
+        engine = sa.create_engine(sqlalchemy_url(dsn), poolclass=sa.NullPool)
+    except Exception as exc:
+        scrub(exc, dsn)
+        raise
     try:
         with engine.connect() as conn:
             context.configure(connection=conn, **_context_opts())
@@ -668,5 +682,8 @@ def run_from_alembic_env(context: Any) -> None:
                 _lock_and_prepare(conn)
                 context.run_migrations(connection=conn)
                 _restore(conn)
+    except Exception as exc:
+        scrub(exc, dsn)
+        raise
     finally:
         engine.dispose()

@@ -22,7 +22,8 @@ from typing import Any
 import psycopg
 
 from replaysafe_pg import schema
-from replaysafe_pg._conn import connectable
+from replaysafe_pg._conn import connectable, open_connection
+from replaysafe_pg._dsn import redact
 from replaysafe_pg.cli import embedded
 from replaysafe_pg.errors import InvalidArgument
 
@@ -84,9 +85,12 @@ class Database:
     def connect(self, **kwargs: Any) -> psycopg.Connection[Any]:
         dsn = self.dsn()
         try:
-            return psycopg.connect(connectable(dsn), autocommit=True, prepare_threshold=None, **kwargs)
+            return open_connection(connectable(dsn), given=(dsn,), autocommit=True,
+                                   prepare_threshold=None, **kwargs)
         except (psycopg.Error, InvalidArgument) as exc:  # InvalidArgument: a DSN libpq cannot read
-            raise ConnectError(f"cannot connect to the database: {first_line(exc)}") from exc
+            # Both already say nothing of the password; redacted again all the same.
+            raise ConnectError(
+                f"cannot connect to the database: {redact(first_line(exc), dsn)}") from exc
 
     @contextlib.contextmanager
     def connection(self, **kwargs: Any) -> Iterator[psycopg.Connection[Any]]:

@@ -26,11 +26,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import IO, Any
 
-import psycopg
 from psycopg.rows import dict_row
 
 from replaysafe_pg import queries
-from replaysafe_pg._conn import connectable
+from replaysafe_pg._conn import connectable, open_connection
 from replaysafe_pg.cli import render
 from replaysafe_pg.cli.demo_agent import CONFIG_ENV, CUSTOMER, EXIT_PARKED, FakePayments
 from replaysafe_pg.ledger import Ledger
@@ -231,7 +230,8 @@ def _with_ledger(story: Story, spawn: Callable[..., Worker], provider: FakePayme
         raise DemoError(f"expected worker-2 to park the thread as unknown (exit {status}, {tool})")
     story("worker-2 parks the thread: the outcome must be reconciled first")
 
-    with psycopg.connect(connectable(dsn), autocommit=True, prepare_threshold=None) as conn:
+    with open_connection(connectable(dsn), given=(dsn,), autocommit=True,
+                         prepare_threshold=None) as conn:
         rows = conn.cursor(row_factory=dict_row).execute(
             queries.cli("unresolved_actions"), {"tenant_id": TENANT}).fetchall()
         mine = [r for r in rows if r["thread_id"] == thread_id]
@@ -278,7 +278,8 @@ def _without_ledger(story: Story, spawn: Callable[..., Worker], provider: FakePa
 
 
 def _audit(story: Story, dsn: str, action_key: str) -> dict[str, Any]:
-    with psycopg.connect(connectable(dsn), autocommit=True, prepare_threshold=None) as conn:
+    with open_connection(connectable(dsn), given=(dsn,), autocommit=True,
+                         prepare_threshold=None) as conn:
         ledger = Ledger(conn, tenant_id=TENANT)
         action = ledger.get(action_key)
         attempts = ledger.attempts(action_key)
