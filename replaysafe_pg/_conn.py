@@ -25,7 +25,7 @@ import logging
 import select
 import threading
 import weakref
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Any, LiteralString, TypeAlias, TypeVar
 
 import psycopg
@@ -35,7 +35,7 @@ from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from replaysafe_pg import _listen, _prepared
-from replaysafe_pg._dsn import to_conninfo
+from replaysafe_pg._dsn import scrub, to_conninfo
 from replaysafe_pg.errors import DatabaseUnavailable, InvalidArgument, wrap_errors
 
 Conninfo: TypeAlias = "str | psycopg.Connection[Any] | ConnectionPool[Any]"
@@ -368,12 +368,59 @@ def _bound_backlog(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any])
             backlog.popleft()
 
 
+def open_connection(conninfo: str, *, given: Sequence[str] = (),
+                    **kwargs: Any) -> psycopg.Connection[Any]:
+    """``psycopg.connect``; its error never shows a password of ``conninfo`` or of the DSNs
+    it was ``given`` as (the host, user or database it quotes may hold a piece of a password
+    that a mistake in the DSN split off: replaysafe_pg._dsn.redact)."""
+    try:
+        return psycopg.connect(conninfo, **kwargs)
+    except psycopg.Error as exc:
+        scrub(exc, *given, conninfo)
+        raise
+
+
+async def aopen_connection(conninfo: str, *, given: Sequence[str] = (),
+                           **kwargs: Any) -> psycopg.AsyncConnection[Any]:
+    """See :func:`open_connection`."""
+    try:
+        return await psycopg.AsyncConnection.connect(conninfo, **kwargs)
+    except psycopg.Error as exc:
+        scrub(exc, *given, conninfo)
+        raise
+
+
 def _connect_to(conninfo: str) -> psycopg.Connection[Any]:
-    return psycopg.connect(conninfo, autocommit=True)
+    return open_connection(conninfo, autocommit=True)
 
 
 async def _aconnect_to(conninfo: str) -> psycopg.AsyncConnection[Any]:
-    return await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
+    return await aopen_connection(conninfo, autocommit=True)
+
+
+def _given_dsns(*values: object) -> tuple[str, ...]:
+    """The DSNs a user gave a source: what its connection errors are redacted against, as
+    well as the conninfo made of them (a piece of a password that a mistake in the DSN split
+    off shows only in what the user wrote)."""
+    return tuple(v for v in values if isinstance(v, str))
+
+
+def _scrubbed(connect: Callable[[], psycopg.Connection[Any]],
+              given: Sequence[str]) -> psycopg.Connection[Any]:
+    try:
+        return connect()
+    except psycopg.Error as exc:
+        scrub(exc, *given)
+        raise
+
+
+async def _ascrubbed(connect: Callable[[], Awaitable[psycopg.AsyncConnection[Any]]],
+                     given: Sequence[str]) -> psycopg.AsyncConnection[Any]:
+    try:
+        return await connect()
+    except psycopg.Error as exc:
+        scrub(exc, *given)
+        raise
 
 
 def _pool_place(conninfo: str, kwargs: dict[str, Any] | None) -> str:
@@ -414,6 +461,19 @@ def _split_grant(use_grant: LiteralString | None, query: LiteralString,
     return {k: v for k, v in params.items() if k != "grant"}, (use_grant, {"grant": grant})
 
 
+def _lead(split: tuple[dict[str, Any], First | None],
+          first: First | None) -> tuple[dict[str, Any], First | None]:
+    """:func:`_split_grant`'s answer with the caller's own ``first`` statement (only one
+    statement can go first)."""
+    params, grant_first = split
+    if first is None:
+        return params, grant_first
+    if grant_first is not None:
+        raise InvalidArgument("a view's query under a tenant grant takes no other statement "
+                              "before it: nothing was sent")
+    return params, first
+
+
 def _listen_target(listen: str | bool) -> str | None:
     """The DSN a ``listen=`` names (None: True or False)."""
     if isinstance(listen, bool):
@@ -434,6 +494,7 @@ class SyncSource:
     def __init__(self, conninfo: Conninfo, *, prepare: bool | None = None,
                  listen: str | bool = True, use_grant: LiteralString | None = None) -> None:
         self.dsn: str | None = connectable(conninfo) if isinstance(conninfo, str) else None
+        self._given_dsns = _given_dsns(conninfo, listen)
         self._pool = conninfo if isinstance(conninfo, ConnectionPool) else None
         self._given = conninfo if isinstance(conninfo, psycopg.Connection) else None
         if self.dsn is None and self._pool is None and self._given is None:
@@ -464,9 +525,9 @@ class SyncSource:
         the same database as that one."""
         with wrap_errors():  # a refused connection is DatabaseUnavailable
             if self.dsn is not None:
-                return _deaf(psycopg.connect(self.dsn, autocommit=True))
+                return _deaf(open_connection(self.dsn, given=self._given_dsns, autocommit=True))
             assert self._given is not None
-            return _deaf(psycopg.connect(connectable(_full_conninfo(self._given)),
+            return _deaf(open_connection(connectable(_full_conninfo(self._given)),
                                          autocommit=True))
 
     def listener(self) -> _listen.Listener | None:
@@ -476,9 +537,10 @@ class SyncSource:
             return None
         if self._listener is None:
             target = self._place()
-            connect: _listen.Connect = (
-                functools.partial(_connect_to, target) if self._pool is None
-                else lambda: _connect_to(self._place()))  # a pool's credentials may rotate
+            connect: _listen.Connect = functools.partial(
+                _scrubbed, functools.partial(_connect_to, target) if self._pool is None
+                else lambda: _connect_to(self._place()),  # a pool's credentials may rotate
+                self._given_dsns)
             self._listener = _listen.listener_for(target, connect,
                                                   probe=self._listen_at is None)
         return self._listener
@@ -534,11 +596,13 @@ class SyncSource:
         return own
 
     def execute(self, query: LiteralString, params: dict[str, Any], *,
-                alone: bool = False, binary: bool = False) -> list[tuple[Any, ...]]:
+                alone: bool = False, binary: bool = False,
+                first: First | None = None) -> list[tuple[Any, ...]]:
         """One statement; ``alone``: it must commit on its own (see :func:`execute_on`).
         A view's query under a grant is preceded by ``use_grant`` on the same connection,
-        in the same transaction."""
-        params, first = _split_grant(self._use_grant, query, params)
+        in the same transaction; ``first``: a statement to send before it likewise (a
+        function's query: one that takes its grant as ``p_grant``)."""
+        params, first = _lead(_split_grant(self._use_grant, query, params), first)
         if self._given is not None:
             with self._given_lock:
                 return execute_on(self._given, query, params, alone=alone, binary=binary,
@@ -550,6 +614,14 @@ class SyncSource:
         with wrap_errors(), self.connection() as conn:
             return execute_on(conn, query, params, alone=alone, binary=binary,
                               prepare=self.prepare, first=first)
+
+    def refuse_open_transaction(self, message: str) -> None:
+        """``InvalidArgument(message)`` when the caller's connection is inside an open
+        transaction (a pool's and the driver's own never are); nothing is sent. For a call
+        whose statements must each be a transaction of its own (``first``'s settings end with
+        it, an error ends it)."""
+        if self._given is not None and self._given.info.transaction_status in _OPEN:
+            raise InvalidArgument(message)
 
     def execute_aside(self, query: LiteralString, params: dict[str, Any], *,
                       alone: bool = False) -> list[tuple[Any, ...]]:
@@ -582,6 +654,7 @@ class AsyncSource:
     def __init__(self, conninfo: AsyncConninfo, *, prepare: bool | None = None,
                  listen: str | bool = True, use_grant: LiteralString | None = None) -> None:
         self.dsn: str | None = connectable(conninfo) if isinstance(conninfo, str) else None
+        self._given_dsns = _given_dsns(conninfo, listen)
         self._pool = conninfo if isinstance(conninfo, AsyncConnectionPool) else None
         self._given = conninfo if isinstance(conninfo, psycopg.AsyncConnection) else None
         if self.dsn is None and self._pool is None and self._given is None:
@@ -607,10 +680,11 @@ class AsyncSource:
         """See :meth:`SyncSource.connect`."""
         with wrap_errors():
             if self.dsn is not None:
-                return _deaf(await psycopg.AsyncConnection.connect(self.dsn, autocommit=True))
+                return _deaf(await aopen_connection(self.dsn, given=self._given_dsns,
+                                                    autocommit=True))
             assert self._given is not None
-            return _deaf(await psycopg.AsyncConnection.connect(
-                connectable(_full_conninfo(self._given)), autocommit=True))
+            return _deaf(await aopen_connection(connectable(_full_conninfo(self._given)),
+                                                autocommit=True))
 
     @property
     def pooled(self) -> bool:
@@ -624,9 +698,10 @@ class AsyncSource:
         if self._listener is not None and self._listener[0]() is loop:
             return self._listener[1]
         target = await self._place()
-        connect: _listen.AsyncConnect = (
-            functools.partial(_aconnect_to, target) if self._pool is None
-            else self._connect_to_place)  # a pool's credentials may rotate
+        connect: _listen.AsyncConnect = functools.partial(
+            _ascrubbed, functools.partial(_aconnect_to, target) if self._pool is None
+            else self._connect_to_place,  # a pool's credentials may rotate
+            self._given_dsns)
         listener = _listen.async_listener_for(target, connect, probe=self._listen_at is None)
         self._listener = (weakref.ref(loop), listener)
         return listener
@@ -706,9 +781,10 @@ class AsyncSource:
         return own
 
     async def execute(self, query: LiteralString, params: dict[str, Any], *,
-                      alone: bool = False, binary: bool = False) -> list[tuple[Any, ...]]:
+                      alone: bool = False, binary: bool = False,
+                      first: First | None = None) -> list[tuple[Any, ...]]:
         """See :meth:`SyncSource.execute`."""
-        params, first = _split_grant(self._use_grant, query, params)
+        params, first = _lead(_split_grant(self._use_grant, query, params), first)
         if self._given is not None:
             if self._given_lock is None:
                 self._given_lock = asyncio.Lock()
@@ -725,6 +801,11 @@ class AsyncSource:
             async with self.connection() as conn:
                 return await aexecute_on(conn, query, params, alone=alone, binary=binary,
                                          prepare=self.prepare, first=first)
+
+    def refuse_open_transaction(self, message: str) -> None:
+        """See :meth:`SyncSource.refuse_open_transaction`."""
+        if self._given is not None and self._given.info.transaction_status in _OPEN:
+            raise InvalidArgument(message)
 
     async def execute_aside(self, query: LiteralString, params: dict[str, Any], *,
                             alone: bool = False) -> list[tuple[Any, ...]]:

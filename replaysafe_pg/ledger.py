@@ -18,7 +18,8 @@ from replaysafe_pg._grant import GrantArg
 from replaysafe_pg._heartbeat import Heartbeater
 from replaysafe_pg.calls import Calls, Lease, Statement, default_worker_id
 from replaysafe_pg.errors import InvalidArgument
-from replaysafe_pg.execution import MAX_RESULT_BYTES, Encoder, Execution, Retryable
+from replaysafe_pg.execution import Encoder, Execution, Retryable
+from replaysafe_pg.limits import DEFAULT_LIMITS, Limits
 from replaysafe_pg.models import Action, ActionState, Attempt, AttemptToken, Claim, ReportOutcome
 from replaysafe_pg.reconcile import DEFAULT_CONCURRENCY, Lookup, Reconciliation, Request
 from replaysafe_pg.runner import CallSpec, Plan
@@ -30,6 +31,15 @@ DEFAULT_LEASE = timedelta(seconds=30)
 DEFAULT_WAIT_TIMEOUT = runner.DEFAULT_WAIT_TIMEOUT
 
 T = TypeVar("T")
+
+
+def _in_transaction(method: str) -> str:
+    """Why ``reconcile`` refuses a connection inside the caller's open transaction."""
+    return (f"{method} was given a connection inside an open transaction: each settlement "
+            "must be a transaction of its own (its lock wait would stay set in yours, and an "
+            "action held by another transaction, or a row the server cannot return, would "
+            "abort yours). Nothing was sent; commit or roll back first, or give the ledger a "
+            "DSN or a pool")
 
 
 def _refuse_in_event_loop(method: str) -> None:
@@ -51,10 +61,8 @@ class _LedgerBase:
     _awaits = False  # the async flavour awaits coroutine tools
 
     def __init__(self, *, tenant_id: str | None, worker_id: str | None,
-                 encoder: Encoder | None, grant: GrantArg | None) -> None:
-        self._calls = Calls(tenant_id, worker_id, grant)
-        # run(): results whose JSON is larger are not stored (the action becomes unknown).
-        self.max_result_bytes = MAX_RESULT_BYTES
+                 encoder: Encoder | None, grant: GrantArg | None, limits: Limits) -> None:
+        self._calls = Calls(tenant_id, worker_id, grant, limits)
         # run(): what turns a tool's result into JSON data; None is pydantic-core's
         # to_jsonable_python (docs/run.md).
         self.encoder = encoder
@@ -67,17 +75,20 @@ class _LedgerBase:
     def worker_id(self) -> str:
         return self._calls.worker_id
 
+    @property
+    def limits(self) -> Limits:
+        """The size limits checked before anything is sent (docs/python.md#size-limits)."""
+        return self._calls.limits
+
     def _plans(self, calls: Sequence[CallSpec], *, encoder: Encoder | None,
                **options: Any) -> list[Plan]:
         return runner.make_plans(self._calls, calls, async_ok=self._awaits,
-                                 max_result_bytes=self.max_result_bytes,
                                  encoder=self.encoder if encoder is None else encoder, **options)
 
     def _plan(self, operation: str, fn: Callable[..., Any], args: dict[str, Any], key: str, *,
               encoder: Encoder | None, **options: Any) -> Plan:
         return runner.make_plan(self._calls, operation, fn, args, key,
                                 async_ok=self._awaits,
-                                max_result_bytes=self.max_result_bytes,
                                 encoder=self.encoder if encoder is None else encoder, **options)
 
 
@@ -100,17 +111,25 @@ class Ledger(_LedgerBase):
     (docs/isolation.md#tenant-grants). Every call then sends it; ``tenant_id`` may be
     omitted (it is then the grant's) and must be the grant's when given (``tenant_id``
     omitted without a grant: ``"default"``). The reads of the views (``get``, ``attempts``,
-    ``reconcile``'s work list) put the grant in force with ``use_grant`` first, in their
-    own transaction; on a connection inside a transaction of the caller's, in that one
-    (where it then stays in force until it ends).
+    ``reconcile``'s work list and pages) put the grant in force with ``use_grant`` first, in
+    their own transaction; on a connection inside a transaction of the caller's, in that one
+    (where it then stays in force until it ends; ``reconcile`` refuses such a connection).
+
+    ``limits``: the size limits the driver checks before it sends anything (default: those
+    the schema installs; give the owner's values when they were changed,
+    docs/python.md#size-limits). A request or error over them raises
+    :class:`~replaysafe_pg.errors.InvalidArgument`; a result or provider reference over them
+    (which come after the side effect) is recorded as an ``unknown`` action instead, its
+    error ``{"reason": "result_too_large", "bytes": n}`` (``"provider_reference_bytes": n``
+    for the reference).
     """
 
     def __init__(self, conninfo: Conninfo, *, tenant_id: str | None = None,
                  worker_id: str | None = None, encoder: Encoder | None = None,
                  prepare: bool | None = None, listen: str | bool = True,
-                 grant: GrantArg | None = None) -> None:
+                 grant: GrantArg | None = None, limits: Limits = DEFAULT_LIMITS) -> None:
         super().__init__(tenant_id=tenant_id, worker_id=worker_id, encoder=encoder,
-                         grant=grant)
+                         grant=grant, limits=limits)
         self._source = SyncSource(conninfo, prepare=prepare, listen=listen,
                                   use_grant=queries.get("use_grant"))
         self._heartbeats = Heartbeater(self._source)
@@ -191,7 +210,11 @@ class Ledger(_LedgerBase):
     def complete(self, claim: Claim | AttemptToken, result: Any, *,
                  provider_reference: str | None = None,
                  now: datetime | None = None) -> ReportOutcome:
-        """``complete_action`` for the attempt ``claim`` holds."""
+        """``complete_action`` for the attempt ``claim`` holds. A ``result`` over
+        ``limits.result`` is not sent: ``mark_action_unknown`` records the action ``unknown``
+        with the error ``{"reason": "result_too_large", "bytes": n}`` (or ``"digits": n``,
+        and the ``provider_reference`` when given; ``"provider_reference_bytes": n`` when the
+        reference is over its limit), and its outcome is returned."""
         return self._send(self._calls.complete(claim, result, provider_reference, now))
 
     def fail(self, claim: Claim | AttemptToken, error: Any, *, retryable: bool = False,
@@ -223,9 +246,20 @@ class Ledger(_LedgerBase):
         """Settle up to ``limit`` of the tenant's ``unknown`` actions (oldest first, unknown
         for longer than ``older_than``) by asking the provider: ``lookups`` maps an
         operation to ``lookup(action) -> Succeeded | Failed | NotFound``; up to
-        ``concurrency`` lookups run at once. See docs/reconcile.md."""
+        ``concurrency`` lookups run at once, on a page of actions whose payloads are read
+        just before. An action whose row another transaction holds is ``skipped`` (its
+        ``note`` says so) after a short lock wait; one whose row cannot be decoded or
+        returned is in ``error``; the others go on. A connection of the caller's inside an
+        open transaction is refused (``InvalidArgument``) before anything is sent. See
+        docs/reconcile.md."""
         request = Request.of(lookups, limit, older_than, not_found, dry_run, concurrency)
-        return reconcile.reconcile(self._send, self._calls, request)
+        self._source.refuse_open_transaction(_in_transaction("Ledger.reconcile"))
+        return reconcile.reconcile(self._send, self._calls, request, self._settle)
+
+    def _settle(self, statement: Statement[T]) -> T:
+        """``statement`` after reconcile's lock wait, in one transaction."""
+        return statement.decode(self._source.execute(statement.query, statement.params,
+                                                     first=reconcile.lock_wait()))
 
     def sweep(self, *, limit: int = 1000, now: datetime | None = None) -> int:
         """``sweep_expired_actions`` over every tenant this role may see (under a grant:
@@ -259,9 +293,9 @@ class AsyncLedger(_LedgerBase):
     def __init__(self, conninfo: AsyncConninfo, *, tenant_id: str | None = None,
                  worker_id: str | None = None, encoder: Encoder | None = None,
                  prepare: bool | None = None, listen: str | bool = True,
-                 grant: GrantArg | None = None) -> None:
+                 grant: GrantArg | None = None, limits: Limits = DEFAULT_LIMITS) -> None:
         super().__init__(tenant_id=tenant_id, worker_id=worker_id, encoder=encoder,
-                         grant=grant)
+                         grant=grant, limits=limits)
         self._source = AsyncSource(conninfo, prepare=prepare, listen=listen,
                                    use_grant=queries.get("use_grant"))
         self._runner = arun.Runner(self._calls, self._source)
@@ -346,7 +380,13 @@ class AsyncLedger(_LedgerBase):
                         concurrency: int = DEFAULT_CONCURRENCY) -> list[Reconciliation]:
         """As :meth:`Ledger.reconcile`; coroutine lookups are awaited."""
         request = Request.of(lookups, limit, older_than, not_found, dry_run, concurrency)
-        return await reconcile.areconcile(self._send, self._calls, request)
+        self._source.refuse_open_transaction(_in_transaction("AsyncLedger.reconcile"))
+        return await reconcile.areconcile(self._send, self._calls, request, self._settle)
+
+    async def _settle(self, statement: Statement[T]) -> T:
+        """See :meth:`Ledger._settle`."""
+        return statement.decode(await self._source.execute(statement.query, statement.params,
+                                                           first=reconcile.lock_wait()))
 
     async def sweep(self, *, limit: int = 1000, now: datetime | None = None) -> int:
         return await self._send(self._calls.sweep(limit, now))

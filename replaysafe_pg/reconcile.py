@@ -8,6 +8,13 @@ with ``p_expected_attempt`` = the attempt the lookup saw, so a stale lookup neve
 newer attempt, and a second reconciler finds the action settled (``already_resolved``).
 Reconciling is an operator's duty (``replaysafe_operator``). See docs/reconcile.md.
 
+Shared machinery, never held hostage by one tenant's rows: the work list names the due
+actions without their payloads, and each page's payloads are read only when its lookups are
+about to run (memory: one page's, whatever ``limit``); a row the driver cannot decode, or the
+server cannot return (its JSON text over the server's 1 GB, a statement timeout), is that
+action's ``error``; a settlement waits at most ``LOCK_WAIT_MS`` for a row another transaction
+holds, and that action is then ``skipped`` (held) while the others go on.
+
 This module is the policy (what an answer means, the note it leaves) and the two I/O loops
 that the ``Ledger`` and ``AsyncLedger`` facades hand their connection to.
 """
@@ -16,16 +23,26 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+import json
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from enum import StrEnum
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, LiteralString, TypeAlias, TypeVar
 
-from replaysafe_pg import _args
-from replaysafe_pg.calls import Calls, Statement
-from replaysafe_pg.errors import InvalidArgument, InvalidTransition
+import psycopg
+from psycopg import errors as pg_errors
+
+from replaysafe_pg import _args, queries
+from replaysafe_pg.calls import Calls, Rows, Statement
+from replaysafe_pg.errors import (
+    AccessDenied,
+    DatabaseUnavailable,
+    InvalidArgument,
+    InvalidTransition,
+    ReplaysafeError,
+)
 from replaysafe_pg.models import Action, ActionState
 
 __all__ = [
@@ -42,6 +59,31 @@ T = TypeVar("T")
 # How many lookups may be in flight at once by default: providers rate-limit.
 DEFAULT_CONCURRENCY = 8
 NOT_FOUND_POLICIES = ("retry", "leave")
+# A settlement waits at most this long for a lock that another transaction holds on the
+# action (a report in a transaction left open, another reconciler's write): the action is
+# then skipped (HELD_NOTE), the others go on. Set in resolve_action's own transaction only
+# (inside a caller's open transaction: until that one ends).
+LOCK_WAIT_MS = 500
+# Once this many of its actions were found held in one call, the tenant's others are left
+# for the next (NOT_TRIED_NOTE): a tenant that holds many rows delays a pass by at most
+# HELD_LIMIT lock waits.
+HELD_LIMIT = 3
+# The payloads of at most this many actions (and at most ``concurrency``) are read at once,
+# each action's at most ROW_BYTES, stored and as JSON text (its request, result and error at
+# the schema's default limit of 1 MiB each). An action whose payloads are larger is read
+# alone, after its page: a row larger than the payload limits (which can exist when the
+# owner lowered them) or than ROW_BYTES under limits the owner raised, or a row within the
+# limits whose JSON text is longer than ROW_BYTES (the limits measure the stored, compressed
+# size: a value that compresses well, or holds many small numbers, prints to far more).
+PAGE_MAX = 16
+ROW_BYTES = 3 * 1024 * 1024
+
+HELD_NOTE = (f"skipped: held by another transaction (no lock within {LOCK_WAIT_MS} ms): "
+             "nothing written; try again later")
+NOT_TRIED_NOTE = (f"skipped: {HELD_LIMIT} of the tenant's actions were held by other "
+                  "transactions in this pass, the rest wait for the next: nothing written")
+GONE_NOTE = ("settled or run again by someone else since it was listed: nothing looked up "
+             "or written")
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +142,10 @@ def _short(value: Any, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def _cut(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def decide(calls: Calls, action: Action, verdict: Any, not_found: str,
            dry_run: bool) -> tuple[Statement[ActionState] | None, Reconciliation]:
     """What an answer of the provider means: the statement that settles the action (None:
@@ -134,21 +180,55 @@ def decide(calls: Calls, action: Action, verdict: Any, not_found: str,
                                      "Failed or NotFound: nothing written")
 
 
-def _skipped(action: Action, dry_run: bool) -> Reconciliation:
-    return Reconciliation(tenant_id=action.tenant_id, action_key=action.action_key,
-                          operation=action.operation, outcome=ReconcileOutcome.SKIPPED,
-                          provider_reference=action.provider_reference,
-                          note=f"no lookup for operation {action.operation}",
-                          attempt=action.attempt, dry_run=dry_run)
+@dataclass(frozen=True, slots=True)
+class Due:
+    """One action of the work list, without its payloads."""
+
+    tenant_id: str
+    action_key: str
+    operation: str
+    attempt: int
+    provider_reference: str | None
+
+
+Item: TypeAlias = Action | Due
+
+
+def _record(item: Item, outcome: ReconcileOutcome, note: str | None, dry_run: bool,
+            error: str | None = None) -> Reconciliation:
+    return Reconciliation(tenant_id=item.tenant_id, action_key=item.action_key,
+                          operation=item.operation, outcome=outcome,
+                          provider_reference=item.provider_reference, note=note,
+                          attempt=item.attempt, error=error, dry_run=dry_run)
+
+
+def _skipped(item: Item, dry_run: bool) -> Reconciliation:
+    return _record(item, ReconcileOutcome.SKIPPED, f"no lookup for operation {item.operation}",
+                   dry_run)
 
 
 def _failed_lookup(action: Action, exc: BaseException, dry_run: bool) -> Reconciliation:
-    return Reconciliation(tenant_id=action.tenant_id, action_key=action.action_key,
-                          operation=action.operation, outcome=ReconcileOutcome.ERROR,
-                          provider_reference=action.provider_reference, note=None,
-                          attempt=action.attempt,
-                          error=f"the lookup raised {type(exc).__name__}: {_short(str(exc))}; "
-                                "nothing written", dry_run=dry_run)
+    return _record(action, ReconcileOutcome.ERROR, None, dry_run,
+                   error=f"the lookup raised {type(exc).__name__}: {_short(str(exc))}; "
+                         "nothing written")
+
+
+def _unreadable(item: Item, exc: BaseException, dry_run: bool) -> Reconciliation:
+    refused = _server_error(exc)
+    if refused is None:  # the driver's: a value it cannot decode
+        what, then = f"{type(exc).__name__}: {_short(str(exc))}", ""
+    else:
+        message = refused.diag.message_primary or str(refused)
+        what = f"the server cannot return it: SQLSTATE {refused.sqlstate}: {_cut(message)}"
+        then = "a later pass may read it, or " if refused.sqlstate == _QUERY_CANCELED else ""
+    reason = (f"its row cannot be read: {what}; nothing looked up or written ({then}settle it "
+              "by hand: resolve)")
+    return _record(item, ReconcileOutcome.ERROR, reason, dry_run, error=reason)
+
+
+def _unstorable(action: Action, exc: BaseException, dry_run: bool) -> Reconciliation:
+    return _record(action, ReconcileOutcome.ERROR, None, dry_run,
+                   error=f"the lookup's answer cannot be stored: {exc}; nothing written")
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,18 +258,219 @@ class Request:
                    _args.flag(dry_run, "dry_run"), concurrency)
 
 
-def _settle(send: Callable[[Statement[ActionState]], ActionState],
-            statement: Statement[ActionState] | None, done: Reconciliation) -> Reconciliation:
-    if statement is None or done.dry_run:
-        return done
-    try:
-        send(statement)
-    except InvalidTransition:
+# --- the statements and what their answers mean ----------------------------------------
+
+def _due_of(rows: Rows) -> list[Due]:
+    return [Due(*row) for row in rows]
+
+
+def _rows(rows: Rows) -> Rows:
+    return rows
+
+
+def _work_list(calls: Calls, request: Request) -> Statement[list[Due]]:
+    return Statement("reconcile_due", {"tenant_id": calls.tenant_id, "limit": request.limit,
+                                       "older_than": request.older_than}, _due_of, calls.grant)
+
+
+def _acting_for(calls: Calls) -> Statement[Rows]:
+    return Statement("acting_for", {"grant": None}, _rows, calls.grant)
+
+
+def _acts_for_a_tenant(rows: Rows) -> None:
+    """AccessDenied for a role that acts for no tenant: nothing due is not an answer
+    there (every action is invisible to it)."""
+    role, tenant, every = rows[0] if rows else (None, None, False)
+    if tenant is None and not every:
+        raise AccessDenied(
+            f"{role} acts for no tenant: it is bound to none, so it sees no action to "
+            "reconcile; bind it to its tenant, or bind a central reconciler to every tenant "
+            "(replaysafe.bind_role_to_all_tenants; docs/isolation.md#all-tenant-roles)")
+
+
+def _page_of(calls: Calls, page: Sequence[Due], whole: bool) -> Statement[Rows]:
+    """``reconcile_page``; ``whole``: whatever the size of the payloads (an action alone)."""
+    return Statement("reconcile_page", {"tenant_id": calls.tenant_id,
+                                        "action_keys": [d.action_key for d in page],
+                                        "row_bytes": None if whole else ROW_BYTES},
+                     _rows, calls.grant)
+
+
+def lock_wait() -> tuple[LiteralString, dict[str, Any]]:
+    """The statement to send before each settlement, in its transaction (``first`` of
+    :meth:`SyncSource.execute <replaysafe_pg._conn.SyncSource.execute>`): it then waits at
+    most LOCK_WAIT_MS for a lock another transaction holds."""
+    return queries.get("reconcile_lock_wait"), {"lock_timeout": f"{LOCK_WAIT_MS}ms"}
+
+
+def _page_size(request: Request) -> int:
+    return max(1, min(request.concurrency, PAGE_MAX))
+
+
+def _pages(due: Sequence[Due], size: int) -> Iterator[list[Due]]:
+    """``due`` in order, in pages of at most ``size`` actions."""
+    for start in range(0, len(due), size):
+        yield list(due[start:start + size])
+
+
+def _decoded(row: tuple[Any, ...]) -> Action:
+    """One row of ``reconcile_page``: its payloads arrive as JSON text."""
+    values = list(row[:19])
+    for i in (8, 9, 10):  # request, result, error
+        if values[i] is not None:
+            values[i] = json.loads(values[i])
+    return Action.from_row(tuple(values))
+
+
+@dataclass(slots=True)
+class _Page:
+    """A page as read: each action decoded (or the record that replaces it), and the
+    actions whose payloads are too large to be read with the others (read alone later)."""
+
+    items: dict[str, Action | Reconciliation]
+    large: list[Due]
+
+
+def _read(rows: Rows, page: Sequence[Due], dry_run: bool) -> _Page:
+    """The page's actions, each decoded alone (a row that cannot be, its ``error``); one
+    no longer ``unknown`` (or gone) is someone else's since it was listed."""
+    found: dict[str, Action | Exception | None] = {}
+    for i, row in enumerate(rows):
+        rows[i] = ()  # its JSON text goes once decoded: a page is held once, not twice
+        if not row[19]:  # fits: its payloads were left out
+            found[row[1]] = None
+            continue
+        try:
+            found[row[1]] = _decoded(row)
+        except Exception as exc:  # JSON that Python refuses (an int of 5000 digits), ...
+            found[row[1]] = exc
+        del row
+    out = _Page({}, [])
+    for d in page:
+        if d.action_key in found and (got := found[d.action_key]) is None:
+            out.large.append(d)
+        elif isinstance(got := found.get(d.action_key), Exception):
+            out.items[d.action_key] = _unreadable(d, got, dry_run)
+        elif got is None or got.state is not ActionState.UNKNOWN:
+            out.items[d.action_key] = _record(d, ReconcileOutcome.ALREADY_RESOLVED, GONE_NOTE,
+                                              dry_run)
+        else:
+            out.items[d.action_key] = got
+    return out
+
+
+def _undecodable(exc: BaseException) -> bool:
+    """Did the driver fail to decode a row (rather than the database refuse the query)?"""
+    if isinstance(exc, ReplaysafeError):  # psycopg's DataError loading a value, translated
+        cause = exc.__cause__
+        return isinstance(cause, psycopg.DataError) and cause.sqlstate is None
+    return isinstance(exc, ValueError | RecursionError | OverflowError)
+
+
+# What a server answers when it cannot return a page, which need not hold for each of its
+# rows: data exceptions (22), insufficient resources (53: out of memory), program limits (54:
+# a JSON text over 1 GB), system errors (58: a read of a damaged file), internal errors (XX: a
+# damaged TOAST value), and a cancelled statement (57014: statement_timeout). Anything else
+# (a connection lost, a refused role, a revoked grant, a schema missing) is no row's.
+_ROW_REFUSALS = ("22", "53", "54", "58", "XX")
+_QUERY_CANCELED = "57014"
+
+
+def _server_error(exc: BaseException) -> psycopg.Error | None:
+    """The server's error behind ``exc`` (one with a SQLSTATE), if any."""
+    cause = exc.__cause__ if isinstance(exc, ReplaysafeError) else exc
+    if isinstance(cause, psycopg.Error) and cause.sqlstate is not None:
+        return cause
+    return None
+
+
+def _row_refused(exc: BaseException) -> bool:
+    """Did the server refuse to return some row of the page (rather than the session)?"""
+    refused = _server_error(exc)
+    state = None if refused is None else refused.sqlstate
+    return state is not None and (state[:2] in _ROW_REFUSALS or state == _QUERY_CANCELED)
+
+
+def _rows_fault(exc: BaseException) -> bool:
+    """Is ``exc`` one row's (read alone, that action's error), not the whole pass's?"""
+    return _undecodable(exc) or _row_refused(exc)
+
+
+def _held(exc: BaseException) -> bool:
+    """Is ``exc`` the lock wait of a settlement running out (SQLSTATE 55P03)?"""
+    return isinstance(exc, DatabaseUnavailable) and isinstance(exc.__cause__,
+                                                               pg_errors.LockNotAvailable)
+
+
+def _after_refusal(exc: Exception, action: Action, done: Reconciliation) -> Reconciliation:
+    """The record of a settlement that the database refused (``exc`` raised again when it
+    is not this action's alone)."""
+    if isinstance(exc, InvalidTransition):
         # Settled (or re-run) since the lookup: another reconciler, an operator, a worker's
         # late report. The action's own state says what it is now.
         return replace(done, outcome=ReconcileOutcome.ALREADY_RESOLVED)
-    return done
+    if _held(exc):
+        return _record(action, ReconcileOutcome.SKIPPED, HELD_NOTE, done.dry_run)
+    if isinstance(exc, InvalidArgument):  # the answer over a limit the database checks
+        return _unstorable(action, exc, done.dry_run)
+    raise exc
 
+
+class _Pass:
+    """What one call has done so far: the records, and how many actions it found held."""
+
+    def __init__(self, calls: Calls, request: Request) -> None:
+        self.calls = calls
+        self.request = request
+        self.records: dict[str, Reconciliation] = {}
+        self.held = 0
+
+    def todo(self, due: Sequence[Due]) -> list[Due]:
+        """The actions to look up (those with a lookup); the others are skipped."""
+        out = []
+        for d in due:
+            if d.operation in self.request.lookups:
+                out.append(d)
+            else:
+                self.records[d.action_key] = _skipped(d, self.request.dry_run)
+        return out
+
+    def out_of_patience(self, items: Sequence[Item]) -> bool:
+        """Once HELD_LIMIT actions were held, the rest of ``items`` wait for the next pass."""
+        if self.held < HELD_LIMIT:
+            return False
+        for item in items:
+            self.records.setdefault(item.action_key, _record(
+                item, ReconcileOutcome.SKIPPED, NOT_TRIED_NOTE, self.request.dry_run))
+        return True
+
+    def plan(self, action: Action, answer: tuple[Any, Reconciliation | None]
+             ) -> tuple[Statement[ActionState] | None, Reconciliation]:
+        verdict, failed = answer
+        if failed is not None:
+            return None, failed
+        try:
+            statement, done = decide(self.calls, action, verdict, self.request.not_found,
+                                     self.request.dry_run)
+        except InvalidArgument as exc:  # e.g. a result that is not JSON: this action only
+            return None, _unstorable(action, exc, self.request.dry_run)
+        if statement is None or done.dry_run:
+            return None, done
+        return statement, done
+
+    def record(self, done: Reconciliation) -> None:
+        if done.outcome is ReconcileOutcome.SKIPPED and done.note == HELD_NOTE:
+            self.held += 1
+        self.records[done.action_key] = done
+
+    def results(self, due: Sequence[Due]) -> list[Reconciliation]:
+        return [self.records[d.action_key] for d in due]
+
+
+# --- the I/O loops ----------------------------------------------------------------------
+# Per page: read it (_load), look its actions up, settle them one by one; then each of its
+# large actions, alone, the same way. Only one page's payloads (or one large action's) are
+# held at a time.
 
 def _verdict_or_record(lookup: Lookup, action: Action,
                        dry_run: bool) -> tuple[Any, Reconciliation | None]:
@@ -199,40 +480,102 @@ def _verdict_or_record(lookup: Lookup, action: Action,
         return None, _failed_lookup(action, exc, dry_run)
 
 
-# --- the I/O loops ----------------------------------------------------------------------
-
-def reconcile(send: Callable[[Statement[Any]], Any], calls: Calls,
-              request: Request) -> list[Reconciliation]:
-    """Look up every due ``unknown`` action (lookups overlap, up to ``concurrency``), then
-    settle them oldest first, one round trip each."""
-    actions: list[Action] = send(calls.unknown_actions(request.limit, request.older_than))
-    todo = [a for a in actions if a.operation in request.lookups]
-    with ThreadPoolExecutor(max_workers=max(1, min(request.concurrency, len(todo)))) as pool:
-        answers = dict(zip((a.action_key for a in todo), pool.map(
-            lambda a: _verdict_or_record(request.lookups[a.operation], a, request.dry_run), todo),
-            strict=True))
-    return [_settle(send, *_plan_one(calls, request, action, answers)) for action in actions]
-
-
-def _plan_one(calls: Calls, request: Request, action: Action,
-              answers: Mapping[str, tuple[Any, Reconciliation | None]]
-              ) -> tuple[Statement[ActionState] | None, Reconciliation]:
-    if action.action_key not in answers:
-        return None, _skipped(action, request.dry_run)
-    verdict, failed = answers[action.action_key]
-    if failed is not None:
-        return None, failed
+def _load(send: Callable[[Statement[Any]], Any], calls: Calls, page: Sequence[Due],
+          dry_run: bool, whole: bool = False) -> _Page:
+    """The page's actions; a page with a row the driver cannot decode, or the server cannot
+    return, is read again action by action, so that only that one is in error."""
     try:
-        return decide(calls, action, verdict, request.not_found, request.dry_run)
-    except InvalidArgument as exc:  # e.g. a result that is not JSON: this action only
-        return None, replace(_failed_lookup(action, exc, request.dry_run),
-                             error=f"the lookup's answer cannot be stored: {exc}; nothing written")
+        rows: Rows = send(_page_of(calls, page, whole))
+    except Exception as exc:
+        if not _rows_fault(exc):
+            raise
+        if len(page) == 1:
+            return _Page({page[0].action_key: _unreadable(page[0], exc, dry_run)}, [])
+        out = _Page({}, [])
+        for d in page:
+            one = _load(send, calls, [d], dry_run, whole)
+            out.items |= one.items
+            out.large += one.large
+        return out
+    return _read(rows, page, dry_run)
+
+
+def reconcile(send: Callable[[Statement[Any]], Any], calls: Calls, request: Request,
+              settle: Callable[[Statement[ActionState]], ActionState]
+              ) -> list[Reconciliation]:
+    """Page by page, oldest first: read the page's actions, look them up (lookups overlap,
+    up to ``concurrency``), settle them one by one through ``settle`` (``send`` after
+    :func:`lock_wait`, in one transaction)."""
+    due: list[Due] = send(_work_list(calls, request))
+    if not due:
+        _acts_for_a_tenant(send(_acting_for(calls)))
+    work = _Pass(calls, request)
+    size = _page_size(request)
+
+    def run(pool: ThreadPoolExecutor, read: _Page) -> None:
+        actions = [a for a in read.items.values() if isinstance(a, Action)]
+        answers = dict(zip((a.action_key for a in actions), pool.map(
+            lambda a: _verdict_or_record(request.lookups[a.operation], a, request.dry_run),
+            actions), strict=True))
+        for item in read.items.values():
+            if isinstance(item, Reconciliation):
+                work.record(item)
+            elif not work.out_of_patience([item]):
+                work.record(_settle(settle, item, *work.plan(item, answers[item.action_key])))
+
+    with ThreadPoolExecutor(max_workers=size) as pool:
+        for page in _pages(work.todo(due), size):
+            if work.out_of_patience(page):
+                continue
+            read = _load(send, calls, page, request.dry_run)
+            large, read.large = read.large, []
+            run(pool, read)
+            del read  # the page's payloads, before the large ones' and the next page's
+            for d in large:
+                if not work.out_of_patience([d]):
+                    run(pool, _load(send, calls, [d], request.dry_run, whole=True))
+    return work.results(due)
+
+
+def _settle(settle: Callable[[Statement[ActionState]], ActionState], action: Action,
+            statement: Statement[ActionState] | None, done: Reconciliation) -> Reconciliation:
+    if statement is None:
+        return done
+    try:
+        settle(statement)
+    except Exception as exc:
+        return _after_refusal(exc, action, done)
+    return done
+
+
+async def _aload(send: Callable[[Statement[Any]], Awaitable[Any]], calls: Calls,
+                 page: Sequence[Due], dry_run: bool, whole: bool = False) -> _Page:
+    """See :func:`_load`."""
+    try:
+        rows: Rows = await send(_page_of(calls, page, whole))
+    except Exception as exc:
+        if not _rows_fault(exc):
+            raise
+        if len(page) == 1:
+            return _Page({page[0].action_key: _unreadable(page[0], exc, dry_run)}, [])
+        out = _Page({}, [])
+        for d in page:
+            one = await _aload(send, calls, [d], dry_run, whole)
+            out.items |= one.items
+            out.large += one.large
+        return out
+    return _read(rows, page, dry_run)
 
 
 async def areconcile(send: Callable[[Statement[Any]], Awaitable[Any]], calls: Calls,
-                     request: Request) -> list[Reconciliation]:
+                     request: Request,
+                     settle: Callable[[Statement[ActionState]], Awaitable[ActionState]]
+                     ) -> list[Reconciliation]:
     """The async flavour: coroutine lookups are awaited, up to ``concurrency`` at once."""
-    actions: list[Action] = await send(calls.unknown_actions(request.limit, request.older_than))
+    due: list[Due] = await send(_work_list(calls, request))
+    if not due:
+        _acts_for_a_tenant(await send(_acting_for(calls)))
+    work = _Pass(calls, request)
     gate = asyncio.Semaphore(request.concurrency)
 
     async def ask(action: Action) -> tuple[Any, Reconciliation | None]:
@@ -245,19 +588,33 @@ async def areconcile(send: Callable[[Statement[Any]], Awaitable[Any]], calls: Ca
             except Exception as exc:
                 return None, _failed_lookup(action, exc, request.dry_run)
 
-    todo = [a for a in actions if a.operation in request.lookups]
-    answers = dict(zip((a.action_key for a in todo),
-                       await asyncio.gather(*(ask(a) for a in todo)), strict=True))
-    out: list[Reconciliation] = []
-    for action in actions:
-        statement, done = _plan_one(calls, request, action, answers)
-        if statement is not None and not done.dry_run:
-            try:
-                await send(statement)
-            except InvalidTransition:  # as in _settle
-                done = replace(done, outcome=ReconcileOutcome.ALREADY_RESOLVED)
-        out.append(done)
-    return out
+    async def run(read: _Page) -> None:
+        actions = [a for a in read.items.values() if isinstance(a, Action)]
+        answers = dict(zip((a.action_key for a in actions),
+                           await asyncio.gather(*(ask(a) for a in actions)), strict=True))
+        for item in read.items.values():
+            if isinstance(item, Reconciliation):
+                work.record(item)
+            elif not work.out_of_patience([item]):
+                statement, done = work.plan(item, answers[item.action_key])
+                if statement is not None:
+                    try:
+                        await settle(statement)
+                    except Exception as exc:
+                        done = _after_refusal(exc, item, done)
+                work.record(done)
+
+    for page in _pages(work.todo(due), _page_size(request)):
+        if work.out_of_patience(page):
+            continue
+        read = await _aload(send, calls, page, request.dry_run)
+        large, read.large = read.large, []
+        await run(read)
+        del read
+        for d in large:
+            if not work.out_of_patience([d]):
+                await run(await _aload(send, calls, [d], request.dry_run, whole=True))
+    return work.results(due)
 
 
 def summary(results: Sequence[Reconciliation]) -> dict[str, int]:

@@ -39,8 +39,30 @@ SELECT replaysafe.purge_actions(p_older_than => %(older_than)s::pg_catalog.inter
 SELECT tenant_id, action_key, thread_id, operation, state, attempt, on_expired, idempotency_key, request, result, error, provider_reference, lease_expires_at, created_at, updated_at, completed_at, worker_id, resolution_note, resolved_at FROM replaysafe.actions_v WHERE tenant_id OPERATOR(pg_catalog.=) %(tenant_id)s AND action_key OPERATOR(pg_catalog.=) %(action_key)s
 
 -- name: unknown_actions --
--- Reconciliation's work list: the tenant's unknown actions, oldest first.
+-- The tenant's unknown actions, oldest first, whole (reconciliation reads reconcile_due).
 SELECT tenant_id, action_key, thread_id, operation, state, attempt, on_expired, idempotency_key, request, result, error, provider_reference, lease_expires_at, created_at, updated_at, completed_at, worker_id, resolution_note, resolved_at FROM replaysafe.actions_v WHERE tenant_id OPERATOR(pg_catalog.=) %(tenant_id)s AND state OPERATOR(pg_catalog.=) 'unknown' AND updated_at OPERATOR(pg_catalog.<=) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) %(older_than)s::pg_catalog.interval) ORDER BY updated_at, action_key LIMIT %(limit)s::pg_catalog.int4
+
+-- name: reconcile_due --
+-- Reconciliation's work list without the payloads: the tenant's unknown actions, oldest
+-- first; reconcile_page reads the payloads of a few at a time, when their lookups are about
+-- to run.
+SELECT tenant_id, action_key, operation, attempt, provider_reference FROM replaysafe.actions_v WHERE tenant_id OPERATOR(pg_catalog.=) %(tenant_id)s AND state OPERATOR(pg_catalog.=) 'unknown' AND updated_at OPERATOR(pg_catalog.<=) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) %(older_than)s::pg_catalog.interval) ORDER BY updated_at, action_key LIMIT %(limit)s::pg_catalog.int4
+
+-- name: reconcile_page --
+-- One page of the work list, whole: the payloads as JSON text, decoded row by row by the
+-- driver (a row it cannot decode is that action's error, not the page's). A row whose
+-- payloads add up to more than row_bytes (not NULL) comes without them, and fits false: it
+-- is read again alone. Their stored sizes are measured first (pg_column_size: nothing
+-- detoasted or printed), and only a row whose stored payloads fit is turned into text and
+-- measured again, as text (a jsonb value can print to far more than it stores). (OFFSET 0:
+-- each payload is turned into text once.)
+SELECT a.tenant_id, a.action_key, a.thread_id, a.operation, a.state, a.attempt, a.on_expired, a.idempotency_key, CASE WHEN p.fits THEN p.request END, CASE WHEN p.fits THEN p.result END, CASE WHEN p.fits THEN p.error END, a.provider_reference, a.lease_expires_at, a.created_at, a.updated_at, a.completed_at, a.worker_id, a.resolution_note, a.resolved_at, p.fits FROM replaysafe.actions_v a CROSS JOIN LATERAL (SELECT %(row_bytes)s::pg_catalog.int8 IS NULL OR coalesce(pg_catalog.pg_column_size(a.request)::pg_catalog.int8, 0) OPERATOR(pg_catalog.+) coalesce(pg_catalog.pg_column_size(a.result)::pg_catalog.int8, 0) OPERATOR(pg_catalog.+) coalesce(pg_catalog.pg_column_size(a.error)::pg_catalog.int8, 0) OPERATOR(pg_catalog.<=) %(row_bytes)s::pg_catalog.int8 AS stored_fits OFFSET 0) s CROSS JOIN LATERAL (SELECT t.request, t.result, t.error, s.stored_fits AND (%(row_bytes)s::pg_catalog.int8 IS NULL OR coalesce(pg_catalog.octet_length(t.request)::pg_catalog.int8, 0) OPERATOR(pg_catalog.+) coalesce(pg_catalog.octet_length(t.result)::pg_catalog.int8, 0) OPERATOR(pg_catalog.+) coalesce(pg_catalog.octet_length(t.error)::pg_catalog.int8, 0) OPERATOR(pg_catalog.<=) %(row_bytes)s::pg_catalog.int8) AS fits FROM (SELECT CASE WHEN s.stored_fits THEN a.request::pg_catalog.text END AS request, CASE WHEN s.stored_fits THEN a.result::pg_catalog.text END AS result, CASE WHEN s.stored_fits THEN a.error::pg_catalog.text END AS error OFFSET 0) t OFFSET 0) p WHERE a.tenant_id OPERATOR(pg_catalog.=) %(tenant_id)s AND a.action_key OPERATOR(pg_catalog.=) ANY (%(action_keys)s::pg_catalog.text[])
+
+-- name: reconcile_lock_wait --
+-- Sent before reconciliation's resolve_action, in its transaction: the call waits at most
+-- this long for a lock another transaction holds (then SQLSTATE 55P03). SET LOCAL's scope: it
+-- ends with the transaction, so no pooler's server session keeps it.
+SELECT pg_catalog.set_config('lock_timeout', %(lock_timeout)s::pg_catalog.text, true)
 
 -- name: list_attempts --
 SELECT tenant_id, action_key, attempt, worker_id, claimed_at, ended_at, outcome, superseded, error, result, provider_reference FROM replaysafe.action_attempts_v WHERE tenant_id OPERATOR(pg_catalog.=) %(tenant_id)s AND action_key OPERATOR(pg_catalog.=) %(action_key)s ORDER BY attempt
@@ -80,6 +102,12 @@ SELECT replaysafe.langgraph_copy_thread(p_tenant_id => %(tenant_id)s, p_source_t
 
 -- name: langgraph_prune --
 SELECT replaysafe.langgraph_prune(p_tenant_id => %(tenant_id)s, p_thread_ids => %(thread_ids)s::pg_catalog.text[], p_strategy => %(strategy)s, p_grant => %(grant)s::pg_catalog.text)
+
+-- name: acting_for --
+-- What the caller acts for (its tenant, every tenant, or neither), under its grant if any:
+-- asked when a reconciliation finds nothing to do, which a role that acts for no tenant
+-- must not take for an answer.
+SELECT * FROM replaysafe.acting_for(p_grant => %(grant)s::pg_catalog.text)
 
 -- name: use_grant --
 -- Before a view's query, in its transaction, under a tenant grant.

@@ -75,6 +75,15 @@ def derived_key(dsn: str, tenant_id: str, action_key: str) -> str:
     return key
 
 
+def dsn_as(dsn: str, role: str) -> str:
+    """``dsn`` for the LOGIN ``role``: the same server and database, without ``dsn``'s
+    password (it is the superuser's; the test roles have none)."""
+    params = pg_conninfo.conninfo_to_dict(dsn)
+    params["user"] = role
+    params.pop("password", None)
+    return pg_conninfo.make_conninfo("", **params)
+
+
 def connect_as(dsn: str, role: str) -> psycopg.Connection[Any]:
     return psycopg.connect(pg_conninfo.make_conninfo(dsn, user=role), autocommit=True)
 

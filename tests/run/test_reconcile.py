@@ -177,7 +177,9 @@ def test_two_reconcilers_at_once_settle_each_action_once(dsn: str) -> None:
         t.join(60)
     settled = [r.action_key for rs in out for r in rs if r.outcome == "succeeded"]
     assert sorted(settled) == [f"k{i:02}" for i in range(40)]  # each once, by one of them
-    assert len(calls) == 80  # both asked: the database decided who settled
+    # Each action asked about at least once, at most by both: one the other had settled by the
+    # time its page was read is reported already_resolved without asking the provider.
+    assert 40 <= len(calls) <= 80 and set(calls) == set(settled)
     with psycopg.connect(dsn) as c:
         assert c.execute("SELECT count(*) FROM replaysafe.actions WHERE state = 'succeeded'"
                          ).fetchone() == (40,)

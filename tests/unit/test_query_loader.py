@@ -48,12 +48,15 @@ GRANTED = TIMED | {
     "read_thread", "write_thread", "thread_history",
     "delete_thread", "langgraph_put", "langgraph_put_writes", "langgraph_get_tuple",
     "langgraph_list", "langgraph_delete_thread", "langgraph_delete_for_runs",
-    "langgraph_copy_thread", "langgraph_prune", "use_grant", "revoke_tenant_grants"}
+    "langgraph_copy_thread", "langgraph_prune", "use_grant", "revoke_tenant_grants",
+    "acting_for"}
+# The grant functions whose only argument is the grant: always sent, NULL without one.
+GRANT_ONLY = {"use_grant", "acting_for"}
 
 
 def test_p_grant_is_sent_only_with_a_grant() -> None:
-    assert {n for n in queries.all_queries() if queries.takes_grant(n)} == GRANTED - {"use_grant"}
-    for name in GRANTED - {"use_grant"}:
+    assert {n for n in queries.all_queries() if queries.takes_grant(n)} == GRANTED - GRANT_ONLY
+    for name in GRANTED - GRANT_ONLY:
         for now in (None, T0):
             with_grant = queries.get(name, {"now": now, "grant": "g"})
             assert with_grant.count(queries.GRANT_ARGUMENT) == 1, name
