@@ -54,8 +54,9 @@ SELECT pg_catalog.now()
 
 -- name: unknown_due --
 -- `reconcile`: the tenants (all the caller may see, or one) with unknown actions due for
--- reconciliation, and how many (the same filter as queries.sql's unknown_actions).
-SELECT tenant_id, pg_catalog.count(*) AS due FROM replaysafe.actions_v WHERE state OPERATOR(pg_catalog.=) 'unknown' AND (%(tenant_id)s::pg_catalog.text IS NULL OR tenant_id OPERATOR(pg_catalog.=) %(tenant_id)s::pg_catalog.text) AND updated_at OPERATOR(pg_catalog.<=) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) %(older_than)s::pg_catalog.interval) GROUP BY tenant_id ORDER BY tenant_id
+-- reconciliation, how many, and since when (the same filter as queries.sql's reconcile_due),
+-- the tenant whose oldest has waited longest first.
+SELECT tenant_id, pg_catalog.count(*) AS due, pg_catalog.min(updated_at) AS oldest FROM replaysafe.actions_v WHERE state OPERATOR(pg_catalog.=) 'unknown' AND (%(tenant_id)s::pg_catalog.text IS NULL OR tenant_id OPERATOR(pg_catalog.=) %(tenant_id)s::pg_catalog.text) AND updated_at OPERATOR(pg_catalog.<=) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) %(older_than)s::pg_catalog.interval) GROUP BY tenant_id ORDER BY oldest, tenant_id
 
 -- name: citus_present --
 -- doctor: is this a Citus database (its catalog is there: pg_catalog is the superuser's)?
@@ -85,11 +86,23 @@ SELECT r.rolname::pg_catalog.text AS role, pg_catalog.array_agg(g.rolname::pg_ca
 
 -- name: pooled_logins_in_bound_roles --
 -- doctor (as the schema owner: the bindings are its table): unbound LOGIN roles of a group
--- role that are members of a bound role. With SET ROLE such a login acts as that tenant
--- without any grant: a pooled login serving many tenants should be a member of no bound role.
-SELECT r.rolname::pg_catalog.text AS role, pg_catalog.array_agg(DISTINCT b.role_name ORDER BY b.role_name) AS bound_roles FROM pg_catalog.pg_roles r JOIN replaysafe.role_bindings b ON b.role_oid OPERATOR(pg_catalog.<>) r.oid AND pg_catalog.pg_has_role(r.oid, b.role_oid, 'MEMBER') WHERE r.rolcanlogin AND NOT r.rolsuper AND NOT EXISTS (SELECT 1 FROM replaysafe.role_bindings o WHERE o.role_oid OPERATOR(pg_catalog.=) r.oid) AND EXISTS (SELECT 1 FROM pg_catalog.pg_roles g WHERE g.rolname OPERATOR(pg_catalog.=) ANY (ARRAY['replaysafe_worker', 'replaysafe_operator', 'replaysafe_auditor']::pg_catalog.name[]) AND pg_catalog.pg_has_role(r.oid, g.oid, 'MEMBER')) GROUP BY r.rolname ORDER BY 1
+-- role that are members of a bound role (or of one bound to all tenants). With SET ROLE such
+-- a login acts as that tenant (or every tenant) without any grant: a pooled login serving
+-- many tenants should be a member of no bound role.
+SELECT r.rolname::pg_catalog.text AS role, pg_catalog.array_agg(DISTINCT b.role_name ORDER BY b.role_name) AS bound_roles FROM pg_catalog.pg_roles r JOIN (SELECT x.role_oid, x.role_name FROM replaysafe.role_bindings x UNION ALL SELECT y.role_oid, y.role_name FROM replaysafe.all_tenant_roles y) b ON b.role_oid OPERATOR(pg_catalog.<>) r.oid AND pg_catalog.pg_has_role(r.oid, b.role_oid, 'MEMBER') WHERE r.rolcanlogin AND NOT r.rolsuper AND NOT EXISTS (SELECT 1 FROM replaysafe.role_bindings o WHERE o.role_oid OPERATOR(pg_catalog.=) r.oid) AND EXISTS (SELECT 1 FROM pg_catalog.pg_roles g WHERE g.rolname OPERATOR(pg_catalog.=) ANY (ARRAY['replaysafe_worker', 'replaysafe_operator', 'replaysafe_auditor']::pg_catalog.name[]) AND pg_catalog.pg_has_role(r.oid, g.oid, 'MEMBER')) GROUP BY r.rolname ORDER BY 1
 
 -- name: installation_copy --
 -- doctor (as the schema owner): is this database a copy (a template clone, a restore) of the
 -- one the installation was created in? It then shares the installation's id and grant keys.
 SELECT i.installation_id::pg_catalog.text AS installation_id, i.database_oid OPERATOR(pg_catalog.<>) d.oid AS copied FROM replaysafe.installation i, pg_catalog.pg_database d WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()
+
+-- name: auditors_without_tenant --
+-- doctor (as the schema owner: the bindings are its tables): LOGIN members of
+-- replaysafe_auditor bound to no tenant and not to all tenants. They read nothing (unless
+-- they present tenant grants).
+SELECT r.rolname::pg_catalog.text AS role FROM pg_catalog.pg_roles r JOIN pg_catalog.pg_roles g ON g.rolname OPERATOR(pg_catalog.=) 'replaysafe_auditor' WHERE r.rolcanlogin AND NOT r.rolsuper AND pg_catalog.pg_has_role(r.oid, g.oid, 'MEMBER') AND NOT pg_catalog.pg_has_role(r.oid, (SELECT n.nspowner FROM pg_catalog.pg_namespace n WHERE n.nspname OPERATOR(pg_catalog.=) 'replaysafe'), 'MEMBER') AND NOT EXISTS (SELECT 1 FROM replaysafe.role_bindings b WHERE b.role_oid OPERATOR(pg_catalog.=) r.oid) AND NOT EXISTS (SELECT 1 FROM replaysafe.all_tenant_roles a WHERE a.role_oid OPERATOR(pg_catalog.=) r.oid) ORDER BY 1
+
+-- name: acting_for --
+-- What the caller acts for (replaysafe.acting_for): a command that works on the caller's
+-- tenants says so, rather than succeeding on nothing, when it acts for none.
+SELECT a.role_name, a.tenant_id, a.all_tenants FROM replaysafe.acting_for() a

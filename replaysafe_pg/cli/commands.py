@@ -16,17 +16,20 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import importlib.machinery
+import importlib.util
 import io
 import json
 import os
 import re
 import signal
+import stat
 import subprocess
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -38,6 +41,7 @@ import sqlalchemy.exc
 from psycopg.rows import dict_row
 
 from replaysafe_pg import queries, schema
+from replaysafe_pg._dsn import redact
 from replaysafe_pg.cli import embedded, render
 from replaysafe_pg.cli import grant as grant_cli
 from replaysafe_pg.cli.db import ConnectError, Database, first_line
@@ -50,7 +54,7 @@ from replaysafe_pg.errors import (
 )
 from replaysafe_pg.ledger import Ledger
 from replaysafe_pg.models import ActionState
-from replaysafe_pg.reconcile import Lookup, ReconcileOutcome, Reconciliation
+from replaysafe_pg.reconcile import GONE_NOTE, Lookup, ReconcileOutcome, Reconciliation
 from replaysafe_pg.threads import Threads
 
 EXIT_ATTENTION = 1
@@ -195,14 +199,23 @@ class _Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except CliError as exc:
+            # Whatever an error quotes of the DSN, never its password (replaysafe_pg._dsn).
+            message = redact(exc.message, _state(ctx).dsn)
+            if message == exc.message:
+                raise
+            failed = CliError(message)
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
         except Exception as exc:
+            dsn = _state(ctx).dsn
             if _state(ctx).debug:
                 # The traceback is added; the exit status stays that of an error (2), never
                 # the 1 that means "needs attention".
-                click.echo("".join(traceback.format_exception(exc)).rstrip(), err=True)
-            raise CliError(describe(exc)) from None
+                click.echo(redact("".join(traceback.format_exception(exc)).rstrip(), dsn),
+                           err=True)
+            raise CliError(redact(describe(exc), dsn)) from None
+        raise failed from None
 
 
 def _on_sigterm(_signum: int, _frame: Any) -> NoReturn:
@@ -293,14 +306,42 @@ def _rows(conn: psycopg.Connection[Any], name: str,
         return cur.execute(queries.cli(name), params or {}).fetchall()
 
 
+# The commands that read or change no tenant's rows (or check the caller's right themselves:
+# an issuer acts for no tenant, grant revoke is the tenant's operator's): any role runs them.
+_FOR_ANY_ROLE = frozenset({"migrate_current", "doctor", "grant_issue", "grant_revoke"})
+
+
 def _with_conn(f: Callable[..., Any]) -> Callable[..., Any]:
-    """Pass an open autocommit connection to the database as ``conn``."""
+    """Pass an open autocommit connection to the database as ``conn``. A command that works
+    on the caller's tenants first checks that the role acts for one (or for every tenant):
+    otherwise it would succeed on nothing, which reads as "nothing to do"."""
     @functools.wraps(f)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         ctx = click.get_current_context()
         with _state(ctx).db.connection() as conn:
+            if f.__name__ not in _FOR_ANY_ROLE:
+                _require_a_tenant(conn)
             return f(*args, conn=conn, **kwargs)
     return wrapper
+
+
+def _require_a_tenant(conn: psycopg.Connection[Any]) -> None:
+    """CliError (exit 2) when the connected role acts for no tenant: bound to none, not bound
+    to every tenant, not the schema owner. A schema without acting_for() (an older revision)
+    or a role that may not call it is left to the command itself to refuse."""
+    try:
+        with conn.cursor(row_factory=dict_row) as cur:
+            row = cur.execute(queries.cli("acting_for")).fetchone()
+    except (psycopg.errors.UndefinedFunction, psycopg.errors.InsufficientPrivilege,
+            psycopg.errors.InvalidSchemaName):
+        return
+    if row is not None and row["tenant_id"] is None and not row["all_tenants"]:
+        raise CliError(
+            f"{row['role_name']} acts for no tenant: it is bound to none, so it sees and "
+            "changes nothing. Bind it (SELECT replaysafe.bind_role_to_tenant(p_role => ..., "
+            "p_tenant_id => ...)), or, for a role that reads or reconciles every tenant, "
+            "SELECT replaysafe.bind_role_to_all_tenants(p_role => ...) (docs/isolation.md"
+            "#all-tenant-roles)")
 
 
 _TENANT_ALL = click.option("--tenant", "tenant_id", default=None, metavar="TENANT",
@@ -475,6 +516,14 @@ def doctor(ctx: click.Context, conn: psycopg.Connection[Any]) -> None:
                     "original's tenant grants, and shares its grant keys; give it keys of its "
                     "own: SELECT replaysafe.rotate_grant_key(p_keep_previous => false) "
                     "(docs/isolation.md#tenant-grants)")
+        if scope and scope["owner"] and current == head:
+            lost = [r["role"] for r in _rows(conn, "auditors_without_tenant")]
+            if lost:
+                advice.append(
+                    f"auditor login(s) {', '.join(lost)} are bound to no tenant and read nothing "
+                    "(without a tenant grant): bind each to its tenant, or let one read every "
+                    "tenant: SELECT replaysafe.bind_role_to_all_tenants(p_role => '<role>') "
+                    "(docs/isolation.md#all-tenant-roles)")
         assert scope is not None
         if scope["reads_actions"]:
             counts = {r["state"]: r["actions"] for r in _rows(conn, "counts_by_state")}
@@ -816,9 +865,11 @@ def purge(ctx: click.Context, conn: psycopg.Connection[Any], older_than: timedel
             # worker holds are skipped, not waited for.
             deleted = ledger.purge(older_than, limit=batch_size, now=now)
             total += deleted
-            batches += 1
+            batches += deleted > 0
             bar.update(deleted)
-            if deleted < batch_size:
+            # Across tenants a batch is shared out round-robin and may be short while more
+            # is due: only an empty batch ends the run.
+            if deleted == 0:
                 break
     _emit(ctx, f"purged {total} action(s) finished before {cutoff:%Y-%m-%d %H:%M:%S%z} "
                f"in {batches} batch(es)",
@@ -839,17 +890,217 @@ def _operator_duty(conn: psycopg.Connection[Any], what: str, exc: AccessDenied) 
                     "(docs/isolation.md)")
 
 
+def _untrusted(path: str) -> str | None:
+    """Why ``path`` (a directory, a file that could be loaded) is not to be trusted with code
+    that runs with an operator's credentials, or None: it is a symbolic link (refused, not
+    followed: what it points to is elsewhere), it is owned by a user other than this one and
+    root (root can change any file anyway), or its group or others may write to it."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None  # nothing there to load
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            target = f" to {os.readlink(path)}"
+        except OSError:
+            target = ""
+        return f"is a symbolic link{target} (links are not followed: copy the file instead)"
+    if st.st_uid not in (os.geteuid(), 0):
+        try:
+            import pwd
+
+            owner = f"user {st.st_uid} ({pwd.getpwuid(st.st_uid).pw_name})"
+        except (ImportError, KeyError):
+            owner = f"user {st.st_uid}"
+        return f"is owned by {owner}, not you"
+    if st.st_mode & 0o022:
+        who = "its group and others" if st.st_mode & 0o022 == 0o022 else (
+            "its group" if st.st_mode & 0o020 else "others")
+        return f"may be written by {who} (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
+def _under(path: str, directory: str) -> bool:
+    return os.path.commonpath([path, directory]) == directory
+
+
+def _places_in(spec: importlib.machinery.ModuleSpec, directory: str) -> list[str]:
+    """Where in ``directory`` a module's spec would load it from (its file, a package's
+    directories), as the finder names them (abspath: a symbolic link in ``directory`` is
+    where it is, not where it points); also a place elsewhere that is in ``directory`` once
+    resolved."""
+    places = [spec.origin] if spec.origin and spec.has_location else []
+    places += list(spec.submodule_search_locations or ())
+    found: list[str] = []
+    for place in places:
+        named = os.path.abspath(place)
+        if _under(named, directory):
+            found.append(named)
+        elif _under(real := os.path.realpath(place), directory):
+            found.append(real)
+    return found
+
+
+# What the import system may load for a module NAME in a directory: NAME.py, NAME.pyc (a
+# sourceless module), an extension module NAME.<suffix>.so; compiled, __pycache__/NAME.*.pyc.
+_LOADABLE = tuple(importlib.machinery.all_suffixes())
+_PYCACHE = "__pycache__"
+
+
+def _entries(directory: str) -> list[str]:
+    try:
+        return sorted(os.listdir(directory))
+    except OSError:
+        return []  # not a directory (a zip archive on the path: itself checked) or gone
+
+
+def _module_files(directory: str, name: str) -> list[str]:
+    """Every file in ``directory`` the import system could load for module ``name`` (the
+    last part of its dotted name), whichever of them it would pick."""
+    files = [os.path.join(directory, e) for e in _entries(directory)
+             if e.startswith(name + ".") and e.endswith(_LOADABLE)]
+    cache = os.path.join(directory, _PYCACHE)
+    if os.path.isdir(cache) and not os.path.islink(cache):
+        files += [os.path.join(cache, e) for e in _entries(cache)
+                  if e.startswith(name + ".") and e.endswith(".pyc")]
+    if sys.pycache_prefix is not None:  # compiled files kept elsewhere
+        for source in [f for f in files if f.endswith(tuple(importlib.machinery.SOURCE_SUFFIXES))]:
+            compiled = importlib.util.cache_from_source(source)
+            files += [os.path.dirname(compiled), compiled]
+    return files
+
+
+def _loadable(directory: str, name: str) -> list[str]:
+    """What must be trusted for module ``name`` (the last part of its dotted name) found in
+    ``directory``: its files there, and when ``directory/name`` is a package's directory,
+    that directory, its ``__pycache__`` and its ``__init__`` files."""
+    paths = _module_files(directory, name)
+    package = os.path.join(directory, name)
+    if os.path.lexists(package):
+        paths.append(package)
+        if os.path.isdir(package) and not os.path.islink(package):
+            paths.append(os.path.join(package, _PYCACHE))
+            paths += _module_files(package, "__init__")
+    return paths
+
+
+def _directories(deepest: str, directory: str) -> list[str]:
+    """``directory`` and every directory under it down to ``deepest``, each with its
+    ``__pycache__``; a link or file on the way ends the list (it is checked, and refused
+    when a link)."""
+    parts = os.path.relpath(deepest, directory).split(os.sep)
+    chain = [directory]
+    for part in parts if parts != ["."] else []:
+        chain.append(os.path.join(chain[-1], part))
+    found: list[str] = []
+    for d in chain:
+        found.append(d)
+        if os.path.islink(d) or not os.path.isdir(d):
+            break
+        found.append(os.path.join(d, _PYCACHE))
+    return found
+
+
+def _find_spec(name: str, path: list[str]) -> importlib.machinery.ModuleSpec | None:
+    """The spec of submodule ``name`` the import system would find in ``path`` (its parent
+    package's directories), without importing anything."""
+    for finder in sys.meta_path:
+        try:
+            spec = finder.find_spec(name, path)
+        except (ImportError, ValueError, AttributeError):
+            continue
+        if spec is not None:
+            return spec
+    return None
+
+
+def _distrust(spec: importlib.machinery.ModuleSpec, cwd: str, checked: set[str]) -> str | None:
+    """Why a module to be loaded through ``spec`` is not to be trusted, or None: everything
+    of it the import system could load from under ``cwd``, and every directory on the way
+    there, must be this user's or root's, no one else's to write, and not a symbolic link.
+    ``checked``: the paths already found trusted (for the parts of a dotted name before)."""
+    places = _places_in(spec, cwd)
+    if not places:
+        return None  # from the path, outside the current directory: installed
+    shown = os.path.relpath(places[0], cwd) + ("/" if os.path.isdir(places[0]) else "")
+    for place in places:
+        # The finder looked in the directory holding ``place`` for its name: a module's
+        # file (mod.py, mod.<suffix>.so; a package's __init__.py), or a package's directory.
+        directory, name = os.path.dirname(place), os.path.basename(place).split(".", 1)[0]
+        for path in [*_directories(directory, cwd), *_loadable(directory, name)]:
+            if path in checked:
+                continue
+            why = _untrusted(path)
+            if why is None:
+                checked.add(path)
+                continue
+            if os.path.basename(path) == _PYCACHE:
+                return (f"the module {shown} is in {os.path.dirname(path)}, whose {_PYCACHE} "
+                        f"(a compiled file there runs instead of the source) {why}")
+            if os.path.isdir(path):
+                return f"the module {shown} is in {path}, which {why}"
+            if path == places[0]:
+                return f"the module {shown} in {cwd} {why}"
+            named = os.path.relpath(path, cwd) if _under(path, cwd) else path
+            return f"the module {shown} in {cwd} could be loaded from {named}, which {why}"
+    return None
+
+
+def _lookups_module_path(module_name: str) -> None:
+    """Make ``module_name`` importable as ``load_lookups`` allows: from the path as it is
+    (an installed module is never shadowed), else from the current directory (appended to
+    the path last). Refused, saying why, when any part of the dotted name would come from
+    under the current directory and that directory, one on the way to the module, a
+    ``__pycache__`` of them or a file that could be loaded for it is another user's, may be
+    written by others, or is a symbolic link. Nothing is imported to find out."""
+    cwd = os.path.realpath(os.getcwd())
+    parts = module_name.split(".")
+    try:
+        spec = importlib.util.find_spec(parts[0])  # a top-level name: nothing of it runs
+    except (ImportError, ValueError):
+        return  # importing it says what is wrong
+    appended = False
+    if spec is None:
+        spec = importlib.machinery.PathFinder.find_spec(parts[0], [cwd])
+        if spec is None:
+            return  # nowhere: importing it says so
+        appended = True
+    checked: set[str] = set()
+    for depth in range(1, len(parts) + 1):
+        name = ".".join(parts[:depth])
+        if depth > 1:
+            parent = sys.modules.get(".".join(parts[:depth - 1]))
+            locations = (getattr(parent, "__path__", None) if parent is not None
+                         else spec.submodule_search_locations)
+            if not locations:
+                break  # not a package: importing it says so
+            spec = _find_spec(name, list(locations))
+            if spec is None:
+                break  # nowhere: importing it says so
+        if name in sys.modules:
+            continue  # already imported: nothing of it is loaded again
+        where = _distrust(spec, cwd, checked)
+        if where is not None:
+            raise CliError(f"--lookups: {where}: the lookups run with an operator's "
+                           "credentials; install the module or run from a directory only "
+                           "you can write to")
+    if appended and cwd not in sys.path:
+        sys.path.append(cwd)
+
+
 def load_lookups(spec: str) -> dict[str, Lookup]:
     """``MODULE:ATTR``: the mapping of operation to lookup that ``reconcile`` uses. MODULE is
     found on the path, then in the current directory (appended last: a file there never
-    shadows an installed module) — unless others may write to that directory: the lookups run
-    with an operator's credentials."""
+    shadows an installed module). A module (or package of a dotted MODULE) that would come
+    from under the current directory is refused, saying why, before anything is imported,
+    when that directory, a directory on the way to the module, a ``__pycache__`` of them or
+    a file that could be loaded for it (source, compiled, sourceless ``.pyc``, extension
+    module) is owned by another user (root excepted), writable by its group or others, or a
+    symbolic link: the lookups run with an operator's credentials."""
     module_name, sep, attr = spec.partition(":")
     if not (sep and module_name and attr):
         raise CliError(f"--lookups must be MODULE:ATTR, e.g. myapp.reconcile:LOOKUPS (got {spec!r})")
-    cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path and not os.stat(cwd).st_mode & 0o022:
-        sys.path.append(cwd)
+    _lookups_module_path(module_name)
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:
@@ -883,19 +1134,27 @@ _SETTLED = {ReconcileOutcome.SUCCEEDED, ReconcileOutcome.FAILED, ReconcileOutcom
 
 @dataclass
 class ReconcileBatch:
-    """What one pass of ``reconcile`` did, over every tenant it looked at."""
+    """What one pass of ``reconcile`` did, over every tenant it looked at. ``looked_up``: the
+    operations it had a lookup for (one of those skipped, its row held by another
+    transaction, stays unknown). ``errors``: the tenants whose pass stopped on an error, and
+    what it was (the others went on)."""
 
     tenants: list[str]
     results: list[Reconciliation]
     dry_run: bool
+    looked_up: frozenset[str] = frozenset()
+    errors: dict[str, str] = field(default_factory=dict)
 
     @property
     def exit_code(self) -> int:
-        """0 every action with a lookup settled; 1 some stay unknown; 2 a lookup failed."""
+        """0 every action with a lookup settled; 1 some stay unknown; 2 an error (a lookup
+        failed, a row could not be read, a tenant's pass stopped)."""
         outcomes = {r.outcome for r in self.results}
-        if ReconcileOutcome.ERROR in outcomes:
+        if ReconcileOutcome.ERROR in outcomes or self.errors:
             return EXIT_ERROR
-        if ReconcileOutcome.LEFT_UNKNOWN in outcomes:
+        if ReconcileOutcome.LEFT_UNKNOWN in outcomes or any(
+                r.outcome is ReconcileOutcome.SKIPPED and r.operation in self.looked_up
+                for r in self.results):
             return EXIT_ATTENTION
         return 0
 
@@ -906,42 +1165,78 @@ class ReconcileBatch:
         return counts
 
     def data(self) -> dict[str, Any]:
-        return {"dry_run": self.dry_run, "tenants": self.tenants, "summary": self.summary(),
-                "results": self.results}
+        out = {"dry_run": self.dry_run, "tenants": self.tenants, "summary": self.summary(),
+               "results": self.results}
+        if self.errors:  # only when some tenant's pass stopped
+            out["errors"] = [{"tenant_id": t, "error": e} for t, e in self.errors.items()]
+        return out
 
     def human(self, at: datetime | None = None) -> str:
-        """The table and a summary line (``at``: the batch's time, to start it with)."""
+        """The table, the tenants in error, and a summary line (``at``: the batch's time, to
+        start it with)."""
         stamp = "" if at is None else f"{at:%Y-%m-%d %H:%M:%S%z}: "
-        if not self.results:
+        if not self.results and not self.errors:
             return f"{stamp}no unknown actions to reconcile"
-        rows = [render.jsonable(r) | {"outcome": r.outcome.value, "note": _shown_note(r)}
-                for r in self.results]
-        text = render.table(rows, ["tenant_id", "action_key", "operation", "attempt", "outcome",
-                                   "provider_reference", "note"], cut_at={"note": 200})
-        counts = ", ".join(f"{k} {v}" for k, v in self.summary().items())
+        lines = []
+        if self.results:
+            rows = [render.jsonable(r) | {"outcome": r.outcome.value, "note": _shown_note(r)}
+                    for r in self.results]
+            lines.append(render.table(rows, ["tenant_id", "action_key", "operation", "attempt",
+                                             "outcome", "provider_reference", "note"],
+                                      cut_at={"note": 200}))
+        lines += [f"tenant {render.escape(t)}: stopped on an error, its actions not reached stay "
+                  f"unknown: {render.escape(e)}" for t, e in self.errors.items()]
+        counts = ", ".join(f"{k} {v}" for k, v in self.summary().items()) or "none read"
         head = "dry run, nothing written: " if self.dry_run else ""
-        return (f"{text}\n{stamp}{head}{len(self.results)} unknown action(s) in "
-                f"{len(self.tenants)} tenant(s): {counts}")
+        tail = f"; {len(self.errors)} tenant(s) stopped on an error" if self.errors else ""
+        lines.append(f"{stamp}{head}{len(self.results)} unknown action(s) in "
+                     f"{len(self.tenants)} tenant(s): {counts}{tail}")
+        return "\n".join(lines)
 
 
 def _shown_note(r: Reconciliation) -> str | None:
     if r.outcome is ReconcileOutcome.ERROR:
         return r.error
-    if r.outcome is ReconcileOutcome.ALREADY_RESOLVED:
+    if r.outcome is ReconcileOutcome.ALREADY_RESOLVED and r.note != GONE_NOTE:
         return "settled by someone else since the lookup: nothing written"
     return r.note
+
+
+def shares(due: Sequence[int], limit: int) -> list[int]:
+    """How many of each tenant's ``due`` actions one pass of at most ``limit`` takes on:
+    round-robin, one each in turn, so that one tenant's backlog never starves the others."""
+    taken = [0] * len(due)
+    left = limit
+    while left > 0:
+        open_ = [i for i, n in enumerate(due) if taken[i] < n]
+        if not open_:
+            break
+        each = max(1, left // len(open_))
+        for i in open_:
+            more = min(each, due[i] - taken[i], left)
+            taken[i] += more
+            left -= more
+            if left == 0:
+                break
+    return taken
 
 
 def reconcile_batch(conn: psycopg.Connection[Any], lookups: Mapping[str, Lookup], *,
                     tenant_id: str | None, limit: int, older_than: timedelta, not_found: str,
                     dry_run: bool, concurrency: int, progress: bool) -> ReconcileBatch:
     """One pass: up to ``limit`` due ``unknown`` actions over the tenants (one, or every tenant
-    the role sees with some), settled through ``Ledger.reconcile``. A role that may not
-    settle gets one line naming replaysafe_operator (raised at the first write)."""
+    the role sees with some), settled through ``Ledger.reconcile``, tenant by tenant: the
+    tenant whose oldest has waited longest first, each its round-robin share of ``limit``
+    (:func:`shares`). A role that may not settle gets one line naming replaysafe_operator
+    (raised at the first write). Any other error of one tenant's pass is recorded for that
+    tenant (:attr:`ReconcileBatch.errors`) and the pass goes on with the others, unless the
+    connection is gone with it."""
     due = _rows(conn, "unknown_due", {"tenant_id": tenant_id, "older_than": older_than})
-    total = min(limit, sum(int(r["due"]) for r in due))
+    quotas = shares([int(r["due"]) for r in due], limit)
+    total = sum(quotas)
     tenants = [str(r["tenant_id"]) for r in due]
     results: list[Reconciliation] = []
+    errors: dict[str, str] = {}
     lock = threading.Lock()
     with click.progressbar(length=max(total, 1), label="reconciling", file=sys.stderr,
                            show_pos=True, hidden=not progress or total < PROGRESS_MIN) as bar:
@@ -961,22 +1256,36 @@ def reconcile_batch(conn: psycopg.Connection[Any], lookups: Mapping[str, Lookup]
             return ask
 
         watched = {op: counted(fn) for op, fn in lookups.items()} if progress else lookups
-        for tenant in tenants:
-            remaining = limit - len(results)
-            if remaining <= 0:
-                break
+        for tenant, quota in zip(tenants, quotas, strict=True):
+            if quota <= 0:
+                continue
             before = asked[0]
             try:
                 done = Ledger(conn, tenant_id=tenant).reconcile(
-                    watched, limit=remaining, older_than=older_than, not_found=not_found,
+                    watched, limit=quota, older_than=older_than, not_found=not_found,
                     dry_run=dry_run, concurrency=concurrency)
             except AccessDenied as exc:
                 raise _operator_duty(conn, "reconciling", exc) from None
+            except (ReplaysafeError, psycopg.Error) as exc:
+                if conn.closed or conn.broken:  # nothing more can be sent on it
+                    raise
+                errors[tenant] = _tenant_error(exc)
+                with lock:
+                    bar.update(quota - (asked[0] - before))  # the ones it did not reach
+                continue
             with lock:
                 bar.update(len(done) - (asked[0] - before))  # the skipped ones
             results += done
-    return ReconcileBatch([t for t in tenants if any(r.tenant_id == t for r in results)],
-                          results, dry_run)
+    return ReconcileBatch([t for t in tenants
+                           if t in errors or any(r.tenant_id == t for r in results)],
+                          results, dry_run, frozenset(lookups), errors)
+
+
+def _tenant_error(exc: BaseException) -> str:
+    """What stopped a tenant's pass, in one line: the server's SQLSTATE when it has one."""
+    cause = exc.__cause__ if isinstance(exc, ReplaysafeError) else exc
+    state = getattr(cause, "sqlstate", None)
+    return f"{type(exc).__name__}{f' (SQLSTATE {state})' if state else ''}: {first_line(exc)}"
 
 
 class Stop:
@@ -1039,8 +1348,9 @@ def reconcile(ctx: click.Context, conn: psycopg.Connection[Any], lookups: dict[s
               concurrency: int, dry_run: bool, loop: bool, interval: timedelta) -> None:
     """Settle unknown actions by asking the provider (replaysafe_operator's duty).
 
-    Exit status 0 when every action with a lookup was settled, 1 when some stay unknown,
-    2 on errors (a lookup that raised counts as one)."""
+    Exit status 0 when every action with a lookup was settled, 1 when some stay unknown
+    (left unknown, or skipped: held by another transaction), 2 on errors (a lookup that
+    raised, a row that cannot be read)."""
     json_out = _state(ctx).json
 
     def batch() -> ReconcileBatch:
@@ -1069,9 +1379,18 @@ def reconcile(ctx: click.Context, conn: psycopg.Connection[Any], lookups: dict[s
             if in_main:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
     failed = [r for r in last.results if r.outcome is ReconcileOutcome.ERROR]
+    problems = []
+    if last.errors:
+        tenant, error = next(iter(last.errors.items()))
+        problems.append(f"{len(last.errors)} tenant(s) stopped on an error (first: {tenant}: "
+                        f"{error})")
     if failed:
-        raise CliError(f"{len(failed)} lookup(s) failed, their actions stay unknown "
-                       f"(first: {failed[0].action_key}: {failed[0].error})")
+        lookups_failed = all((r.error or "").startswith("the lookup") for r in failed)
+        what = "lookup(s) failed" if lookups_failed else "action(s) could not be reconciled"
+        problems.append(f"{len(failed)} {what}, their actions stay unknown "
+                        f"(first: {failed[0].action_key}: {failed[0].error})")
+    if problems:
+        raise CliError("; ".join(problems))
     ctx.exit(last.exit_code)
 
 
