@@ -39,6 +39,8 @@ COMPLETE_WITH_TOKEN = ("SELECT replaysafe.complete_action(p_tenant_id => %(t)s, 
                        "p_attempt => %(a)s, p_attempt_token => %(tok)s, p_result => %(res)s::jsonb)")
 COMPLETE_WITHOUT = ("SELECT replaysafe.complete_action(p_tenant_id => %(t)s, p_action_key => %(k)s, "
                     "p_attempt => %(a)s, p_result => %(res)s::jsonb)")
+# The first revision whose reports take the attempt token.
+ATTEMPT_TOKENS = "0011"
 REQUEST = '{"order": "o_42", "amount": 1299}'
 RESULT = '{"refund_id": "re_42", "amount": 1299}'
 
@@ -126,7 +128,7 @@ def main() -> None:
                 ratios = []
                 for i in range(args.windows):
                     order = (previous, head) if i % 2 == 0 else (head, previous)
-                    rates = {rev: window(dsns[rev], op, concurrency, args.seconds, rev == head)
+                    rates = {rev: window(dsns[rev], op, concurrency, args.seconds, rev >= ATTEMPT_TOKENS)
                              for rev in order}
                     ratios.append(rates[head] / rates[previous])
                     print(f"  {op:15} c={concurrency} window {i + 1}: {previous} {rates[previous]:8.0f} "
