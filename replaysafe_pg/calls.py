@@ -18,7 +18,7 @@ from typing import Any, Generic, LiteralString, TypeAlias, TypeVar
 
 from replaysafe_pg import _args, _json, queries
 from replaysafe_pg._grant import Grant, GrantArg, grant_of, tenant_of
-from replaysafe_pg.errors import InvalidArgument
+from replaysafe_pg.errors import AccessDenied, InvalidArgument
 from replaysafe_pg.limits import DEFAULT_LIMITS, Limits, Payload, limits_of
 from replaysafe_pg.models import (
     Action,
@@ -155,6 +155,25 @@ def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+
+
+def acting_for(grant: Grant | None) -> Statement[None]:
+    """``acting_for``: what the caller acts for (under ``grant`` when given). Its answer is
+    :class:`~replaysafe_pg.errors.AccessDenied` for a role that acts for no tenant — bound to
+    none, not to every tenant, not the schema owner — which sees and changes nothing, so a
+    tool must not report "nothing to do" for it; otherwise None."""
+    return Statement("acting_for", {"grant": None}, _require_a_tenant, grant)
+
+
+def _require_a_tenant(rows: Rows) -> None:
+    role, tenant, every = rows[0] if rows else (None, None, False)
+    if tenant is None and not every:
+        raise AccessDenied(
+            f"{role} acts for no tenant: it is bound to none, so it sees and changes nothing. "
+            "Bind it (SELECT replaysafe.bind_role_to_tenant(p_role => ..., p_tenant_id => ...)), "
+            "or, for a role that reads or reconciles every tenant, SELECT "
+            "replaysafe.bind_role_to_all_tenants(p_role => ...) (docs/isolation.md"
+            "#all-tenant-roles)")
 
 
 class Calls:

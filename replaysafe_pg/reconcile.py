@@ -35,9 +35,8 @@ import psycopg
 from psycopg import errors as pg_errors
 
 from replaysafe_pg import _args, queries
-from replaysafe_pg.calls import Calls, Rows, Statement
+from replaysafe_pg.calls import Calls, Rows, Statement, acting_for
 from replaysafe_pg.errors import (
-    AccessDenied,
     DatabaseUnavailable,
     InvalidArgument,
     InvalidTransition,
@@ -273,21 +272,6 @@ def _work_list(calls: Calls, request: Request) -> Statement[list[Due]]:
                                        "older_than": request.older_than}, _due_of, calls.grant)
 
 
-def _acting_for(calls: Calls) -> Statement[Rows]:
-    return Statement("acting_for", {"grant": None}, _rows, calls.grant)
-
-
-def _acts_for_a_tenant(rows: Rows) -> None:
-    """AccessDenied for a role that acts for no tenant: nothing due is not an answer
-    there (every action is invisible to it)."""
-    role, tenant, every = rows[0] if rows else (None, None, False)
-    if tenant is None and not every:
-        raise AccessDenied(
-            f"{role} acts for no tenant: it is bound to none, so it sees no action to "
-            "reconcile; bind it to its tenant, or bind a central reconciler to every tenant "
-            "(replaysafe.bind_role_to_all_tenants; docs/isolation.md#all-tenant-roles)")
-
-
 def _page_of(calls: Calls, page: Sequence[Due], whole: bool) -> Statement[Rows]:
     """``reconcile_page``; ``whole``: whatever the size of the payloads (an action alone)."""
     return Statement("reconcile_page", {"tenant_id": calls.tenant_id,
@@ -508,7 +492,7 @@ def reconcile(send: Callable[[Statement[Any]], Any], calls: Calls, request: Requ
     :func:`lock_wait`, in one transaction)."""
     due: list[Due] = send(_work_list(calls, request))
     if not due:
-        _acts_for_a_tenant(send(_acting_for(calls)))
+        send(acting_for(calls.grant))  # nothing due: is there a tenant at all?
     work = _Pass(calls, request)
     size = _page_size(request)
 
@@ -574,7 +558,7 @@ async def areconcile(send: Callable[[Statement[Any]], Awaitable[Any]], calls: Ca
     """The async flavour: coroutine lookups are awaited, up to ``concurrency`` at once."""
     due: list[Due] = await send(_work_list(calls, request))
     if not due:
-        _acts_for_a_tenant(await send(_acting_for(calls)))
+        await send(acting_for(calls.grant))  # as above
     work = _Pass(calls, request)
     gate = asyncio.Semaphore(request.concurrency)
 

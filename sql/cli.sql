@@ -101,8 +101,3 @@ SELECT i.installation_id::pg_catalog.text AS installation_id, i.database_oid OPE
 -- replaysafe_auditor bound to no tenant and not to all tenants. They read nothing (unless
 -- they present tenant grants).
 SELECT r.rolname::pg_catalog.text AS role FROM pg_catalog.pg_roles r JOIN pg_catalog.pg_roles g ON g.rolname OPERATOR(pg_catalog.=) 'replaysafe_auditor' WHERE r.rolcanlogin AND NOT r.rolsuper AND pg_catalog.pg_has_role(r.oid, g.oid, 'MEMBER') AND NOT pg_catalog.pg_has_role(r.oid, (SELECT n.nspowner FROM pg_catalog.pg_namespace n WHERE n.nspname OPERATOR(pg_catalog.=) 'replaysafe'), 'MEMBER') AND NOT EXISTS (SELECT 1 FROM replaysafe.role_bindings b WHERE b.role_oid OPERATOR(pg_catalog.=) r.oid) AND NOT EXISTS (SELECT 1 FROM replaysafe.all_tenant_roles a WHERE a.role_oid OPERATOR(pg_catalog.=) r.oid) ORDER BY 1
-
--- name: acting_for --
--- What the caller acts for (replaysafe.acting_for): a command that works on the caller's
--- tenants says so, rather than succeeding on nothing, when it acts for none.
-SELECT a.role_name, a.tenant_id, a.all_tenants FROM replaysafe.acting_for() a

@@ -42,6 +42,7 @@ from psycopg.rows import dict_row
 
 from replaysafe_pg import queries, schema
 from replaysafe_pg._dsn import redact
+from replaysafe_pg.calls import acting_for
 from replaysafe_pg.cli import embedded, render
 from replaysafe_pg.cli import grant as grant_cli
 from replaysafe_pg.cli.db import ConnectError, Database, first_line
@@ -326,22 +327,19 @@ def _with_conn(f: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _require_a_tenant(conn: psycopg.Connection[Any]) -> None:
-    """CliError (exit 2) when the connected role acts for no tenant: bound to none, not bound
-    to every tenant, not the schema owner. A schema without acting_for() (an older revision)
-    or a role that may not call it is left to the command itself to refuse."""
+    """CliError (exit 2) when the connected role acts for no tenant (calls.acting_for). A
+    schema without acting_for() (an older revision) or a role that may not call it is left
+    to the command itself to refuse."""
+    statement = acting_for(None)
     try:
-        with conn.cursor(row_factory=dict_row) as cur:
-            row = cur.execute(queries.cli("acting_for")).fetchone()
+        rows = conn.execute(statement.query, statement.params).fetchall()
     except (psycopg.errors.UndefinedFunction, psycopg.errors.InsufficientPrivilege,
             psycopg.errors.InvalidSchemaName):
         return
-    if row is not None and row["tenant_id"] is None and not row["all_tenants"]:
-        raise CliError(
-            f"{row['role_name']} acts for no tenant: it is bound to none, so it sees and "
-            "changes nothing. Bind it (SELECT replaysafe.bind_role_to_tenant(p_role => ..., "
-            "p_tenant_id => ...)), or, for a role that reads or reconciles every tenant, "
-            "SELECT replaysafe.bind_role_to_all_tenants(p_role => ...) (docs/isolation.md"
-            "#all-tenant-roles)")
+    try:
+        statement.decode(rows)
+    except AccessDenied as exc:
+        raise CliError(str(exc)) from None
 
 
 _TENANT_ALL = click.option("--tenant", "tenant_id", default=None, metavar="TENANT",
