@@ -25,14 +25,14 @@ from typing import Any
 import psycopg
 
 from replaysafe_pg._conn import AsyncSource, SyncSource, aexecute_on, dropped, execute_on
-from replaysafe_pg.calls import Statement
 from replaysafe_pg.errors import LeaseLost
-from replaysafe_pg.runner import RETRY_ERRORS, Ticket, lease_lost_warning
+from replaysafe_pg.run_policy import RETRY_ERRORS, Ticket, lease_lost_warning
+from replaysafe_pg.statements import Statement
 
 log = logging.getLogger("replaysafe_pg.run")
 
 
-class Heartbeater:
+class Heartbeats:
     """The thread that sends the heartbeats of a sync ledger's running attempts."""
 
     def __init__(self, source: SyncSource) -> None:

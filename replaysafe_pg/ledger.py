@@ -1,6 +1,6 @@
 """``Ledger`` and ``AsyncLedger``: one method per ``replaysafe`` ledger function.
 
-Facades: each method is one round trip built by :class:`~replaysafe_pg.calls.Calls`
+Facades: each method is one round trip built by :class:`~replaysafe_pg.statements.Statements`
 (parameters in, values out); ``run`` and ``run_many`` hand a plan to the runner's shell.
 Nothing in the package below them imports this module.
 """
@@ -12,23 +12,23 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from replaysafe_pg import arun, queries, reconcile, run, runner
+from replaysafe_pg import queries, reconcile, run_async, run_policy, run_sync
 from replaysafe_pg._conn import AsyncConninfo, AsyncSource, Conninfo, SyncSource
 from replaysafe_pg._grant import GrantArg
-from replaysafe_pg._heartbeat import Heartbeater
-from replaysafe_pg.calls import Calls, Lease, Statement, default_worker_id
+from replaysafe_pg._heartbeat import Heartbeats
 from replaysafe_pg.errors import InvalidArgument
 from replaysafe_pg.execution import Encoder, Execution, Retryable
 from replaysafe_pg.limits import DEFAULT_LIMITS, Limits
 from replaysafe_pg.models import Action, ActionState, Attempt, AttemptToken, Claim, ReportOutcome
 from replaysafe_pg.reconcile import DEFAULT_CONCURRENCY, Lookup, Reconciliation, Request
-from replaysafe_pg.runner import CallSpec, Plan
+from replaysafe_pg.run_policy import CallSpec, Plan
+from replaysafe_pg.statements import Lease, Statement, Statements, default_worker_id
 
 __all__ = ["DEFAULT_LEASE", "DEFAULT_WAIT_TIMEOUT", "AsyncLedger", "CallSpec", "Encoder", "Lease",
            "Ledger", "default_worker_id"]
 
 DEFAULT_LEASE = timedelta(seconds=30)
-DEFAULT_WAIT_TIMEOUT = runner.DEFAULT_WAIT_TIMEOUT
+DEFAULT_WAIT_TIMEOUT = run_policy.DEFAULT_WAIT_TIMEOUT
 
 T = TypeVar("T")
 
@@ -58,37 +58,37 @@ class _LedgerBase:
     the plan of a ``run``. Every builder checks types and ranges first, so a bad argument is
     refused before anything is sent."""
 
-    _awaits = False  # the async flavour awaits coroutine tools
+    _can_await = False  # the async flavour awaits coroutine tools
 
     def __init__(self, *, tenant_id: str | None, worker_id: str | None,
                  encoder: Encoder | None, grant: GrantArg | None, limits: Limits) -> None:
-        self._calls = Calls(tenant_id, worker_id, grant, limits)
+        self._sql = Statements(tenant_id, worker_id, grant, limits)
         # run(): what turns a tool's result into JSON data; None is pydantic-core's
         # to_jsonable_python (docs/run.md).
         self.encoder = encoder
 
     @property
     def tenant_id(self) -> str:
-        return self._calls.tenant_id
+        return self._sql.tenant_id
 
     @property
     def worker_id(self) -> str:
-        return self._calls.worker_id
+        return self._sql.worker_id
 
     @property
     def limits(self) -> Limits:
         """The size limits checked before anything is sent (docs/python.md#size-limits)."""
-        return self._calls.limits
+        return self._sql.limits
 
     def _plans(self, calls: Sequence[CallSpec], *, encoder: Encoder | None,
                **options: Any) -> list[Plan]:
-        return runner.make_plans(self._calls, calls, async_ok=self._awaits,
+        return run_policy.make_plans(self._sql, calls, can_await=self._can_await,
                                  encoder=self.encoder if encoder is None else encoder, **options)
 
     def _plan(self, operation: str, fn: Callable[..., Any], args: dict[str, Any], key: str, *,
               encoder: Encoder | None, **options: Any) -> Plan:
-        return runner.make_plan(self._calls, operation, fn, args, key,
-                                async_ok=self._awaits,
+        return run_policy.make_plan(self._sql, operation, fn, args, key,
+                                can_await=self._can_await,
                                 encoder=self.encoder if encoder is None else encoder, **options)
 
 
@@ -132,8 +132,8 @@ class Ledger(_LedgerBase):
                          grant=grant, limits=limits)
         self._source = SyncSource(conninfo, prepare=prepare, listen=listen,
                                   use_grant=queries.get("use_grant"))
-        self._heartbeats = Heartbeater(self._source)
-        self._runner = run.Runner(self._calls, self._source, self._heartbeats)
+        self._heartbeats = Heartbeats(self._source)
+        self._runner = run_sync.Runner(self._sql, self._source, self._heartbeats)
 
     def close(self) -> None:
         self._heartbeats.close()
@@ -188,7 +188,7 @@ class Ledger(_LedgerBase):
               claim_token: str | None = None) -> Claim:
         """``claim_action``: create or find the action; see :class:`Claim`. A
         ``claim_token`` (unique per call) lets a claim whose answer was lost be asked again."""
-        return self._send(self._calls.claim(action_key, operation, request, lease, thread_id,
+        return self._send(self._sql.claim(action_key, operation, request, lease, thread_id,
                                             on_expired, now, claim_token))
 
     def claim_many(self, calls: list[tuple[str, str, dict[str, Any]]], *,
@@ -197,7 +197,7 @@ class Ledger(_LedgerBase):
                    claim_tokens: Sequence[str | None] | None = None) -> list[Claim]:
         """``claim_actions``: claim ``(action_key, operation, request)`` calls in one round trip;
         answers in input order. ``claim_tokens``: one per call, as ``claim_token``."""
-        return self._send(self._calls.claim_many(calls, lease, thread_id, on_expired, now,
+        return self._send(self._sql.claim_many(calls, lease, thread_id, on_expired, now,
                                                  claim_tokens))
 
     def heartbeat(self, claim: Claim | AttemptToken, *, lease: Lease = DEFAULT_LEASE,
@@ -205,7 +205,7 @@ class Ledger(_LedgerBase):
         """``heartbeat_action`` for the attempt ``claim`` holds (a ``claimed`` :class:`Claim`,
         or an :class:`AttemptToken`): extend its lease, never shortening it;
         :class:`LeaseLost` if it is gone."""
-        return self._send(self._calls.heartbeat(claim, lease, now))
+        return self._send(self._sql.heartbeat(claim, lease, now))
 
     def complete(self, claim: Claim | AttemptToken, result: Any, *,
                  provider_reference: str | None = None,
@@ -215,17 +215,17 @@ class Ledger(_LedgerBase):
         with the error ``{"reason": "result_too_large", "bytes": n}`` (or ``"digits": n``,
         and the ``provider_reference`` when given; ``"provider_reference_bytes": n`` when the
         reference is over its limit), and its outcome is returned."""
-        return self._send(self._calls.complete(claim, result, provider_reference, now))
+        return self._send(self._sql.complete(claim, result, provider_reference, now))
 
     def fail(self, claim: Claim | AttemptToken, error: Any, *, retryable: bool = False,
              now: datetime | None = None) -> ReportOutcome:
         """``fail_action`` for the attempt ``claim`` holds."""
-        return self._send(self._calls.fail(claim, error, retryable, now))
+        return self._send(self._sql.fail(claim, error, retryable, now))
 
     def mark_unknown(self, claim: Claim | AttemptToken, error: Any, *,
                      now: datetime | None = None) -> ReportOutcome:
         """``mark_action_unknown`` for the attempt ``claim`` holds."""
-        return self._send(self._calls.mark_unknown(claim, error, now))
+        return self._send(self._sql.mark_unknown(claim, error, now))
 
     def resolve(self, action_key: str, state: ActionState | str, *, result: Any = None,
                 error: Any = None, provider_reference: str | None = None,
@@ -233,12 +233,12 @@ class Ledger(_LedgerBase):
                 expected_attempt: int | None = None) -> ActionState:
         """``resolve_action`` (an operator's duty): settle an ``unknown`` action; with
         ``expected_attempt``, only while it is still on that attempt."""
-        return self._send(self._calls.resolve(action_key, state, result, error,
+        return self._send(self._sql.resolve(action_key, state, result, error,
                                               provider_reference, note, now, expected_attempt))
 
     def reopen(self, action_key: str, *, note: str, now: datetime | None = None) -> ActionState:
         """``reopen_action`` (an operator's duty): a ``failed`` action may run again."""
-        return self._send(self._calls.reopen(action_key, note, now))
+        return self._send(self._sql.reopen(action_key, note, now))
 
     def reconcile(self, lookups: Mapping[str, Lookup], *, limit: int = 100,
                   older_than: Lease = 0, not_found: str = "retry", dry_run: bool = False,
@@ -254,7 +254,7 @@ class Ledger(_LedgerBase):
         docs/reconcile.md."""
         request = Request.of(lookups, limit, older_than, not_found, dry_run, concurrency)
         self._source.refuse_open_transaction(_in_transaction("Ledger.reconcile"))
-        return reconcile.reconcile(self._send, self._calls, request, self._settle)
+        return reconcile.reconcile(self._send, self._sql, request, self._settle)
 
     def _settle(self, statement: Statement[T]) -> T:
         """``statement`` after reconcile's lock wait, in one transaction."""
@@ -264,31 +264,31 @@ class Ledger(_LedgerBase):
     def sweep(self, *, limit: int = 1000, now: datetime | None = None) -> int:
         """``sweep_expired_actions`` over every tenant this role may see (under a grant:
         the grant's tenant)."""
-        return self._send(self._calls.sweep(limit, now))
+        return self._send(self._sql.sweep(limit, now))
 
     def purge(self, older_than: Lease, *, limit: int = 10000, now: datetime | None = None) -> int:
         """``purge_actions`` over every tenant this role may see (under a grant: the
         grant's tenant); one batch of ``limit``."""
-        return self._send(self._calls.purge(older_than, limit, now))
+        return self._send(self._sql.purge(older_than, limit, now))
 
     def revoke_grants(self) -> int:
         """``revoke_tenant_grants`` for this ledger's tenant (the schema owner, or an
         operator of the tenant: bound to it, or under a grant with the operator duty): every
         grant issued for the tenant so far, this ledger's own included, is refused from the
         next call on. Returns the tenant's new revocation generation."""
-        return self._send(self._calls.revoke_grants())
+        return self._send(self._sql.revoke_grants())
 
     def get(self, action_key: str) -> Action | None:
-        return self._send(self._calls.get(action_key))
+        return self._send(self._sql.get(action_key))
 
     def attempts(self, action_key: str) -> list[Attempt]:
-        return self._send(self._calls.attempts(action_key))
+        return self._send(self._sql.attempts(action_key))
 
 
 class AsyncLedger(_LedgerBase):
     """The action ledger for one tenant (asyncio); same methods as :class:`Ledger`."""
 
-    _awaits = True
+    _can_await = True
 
     def __init__(self, conninfo: AsyncConninfo, *, tenant_id: str | None = None,
                  worker_id: str | None = None, encoder: Encoder | None = None,
@@ -298,7 +298,7 @@ class AsyncLedger(_LedgerBase):
                          grant=grant, limits=limits)
         self._source = AsyncSource(conninfo, prepare=prepare, listen=listen,
                                    use_grant=queries.get("use_grant"))
-        self._runner = arun.Runner(self._calls, self._source)
+        self._runner = run_async.AsyncRunner(self._sql, self._source)
 
     async def close(self) -> None:
         await self._source.close()
@@ -336,44 +336,44 @@ class AsyncLedger(_LedgerBase):
                     lease: Lease = DEFAULT_LEASE, thread_id: str | None = None,
                     on_expired: str = "unknown", now: datetime | None = None,
                     claim_token: str | None = None) -> Claim:
-        return await self._send(self._calls.claim(action_key, operation, request, lease,
+        return await self._send(self._sql.claim(action_key, operation, request, lease,
                                                   thread_id, on_expired, now, claim_token))
 
     async def claim_many(self, calls: list[tuple[str, str, dict[str, Any]]], *,
                          lease: Lease = DEFAULT_LEASE, thread_id: str | None = None,
                          on_expired: str = "unknown", now: datetime | None = None,
                          claim_tokens: Sequence[str | None] | None = None) -> list[Claim]:
-        return await self._send(self._calls.claim_many(calls, lease, thread_id, on_expired,
+        return await self._send(self._sql.claim_many(calls, lease, thread_id, on_expired,
                                                        now, claim_tokens))
 
     async def heartbeat(self, claim: Claim | AttemptToken, *, lease: Lease = DEFAULT_LEASE,
                         now: datetime | None = None) -> datetime:
-        return await self._send(self._calls.heartbeat(claim, lease, now))
+        return await self._send(self._sql.heartbeat(claim, lease, now))
 
     async def complete(self, claim: Claim | AttemptToken, result: Any, *,
                        provider_reference: str | None = None,
                        now: datetime | None = None) -> ReportOutcome:
-        return await self._send(self._calls.complete(claim, result, provider_reference, now))
+        return await self._send(self._sql.complete(claim, result, provider_reference, now))
 
     async def fail(self, claim: Claim | AttemptToken, error: Any, *, retryable: bool = False,
                    now: datetime | None = None) -> ReportOutcome:
-        return await self._send(self._calls.fail(claim, error, retryable, now))
+        return await self._send(self._sql.fail(claim, error, retryable, now))
 
     async def mark_unknown(self, claim: Claim | AttemptToken, error: Any, *,
                            now: datetime | None = None) -> ReportOutcome:
-        return await self._send(self._calls.mark_unknown(claim, error, now))
+        return await self._send(self._sql.mark_unknown(claim, error, now))
 
     async def resolve(self, action_key: str, state: ActionState | str, *, result: Any = None,
                       error: Any = None, provider_reference: str | None = None,
                       note: str | None = None, now: datetime | None = None,
                       expected_attempt: int | None = None) -> ActionState:
-        return await self._send(self._calls.resolve(action_key, state, result, error,
+        return await self._send(self._sql.resolve(action_key, state, result, error,
                                                     provider_reference, note, now,
                                                     expected_attempt))
 
     async def reopen(self, action_key: str, *, note: str,
                      now: datetime | None = None) -> ActionState:
-        return await self._send(self._calls.reopen(action_key, note, now))
+        return await self._send(self._sql.reopen(action_key, note, now))
 
     async def reconcile(self, lookups: Mapping[str, Lookup], *, limit: int = 100,
                         older_than: Lease = 0, not_found: str = "retry", dry_run: bool = False,
@@ -381,7 +381,7 @@ class AsyncLedger(_LedgerBase):
         """As :meth:`Ledger.reconcile`; coroutine lookups are awaited."""
         request = Request.of(lookups, limit, older_than, not_found, dry_run, concurrency)
         self._source.refuse_open_transaction(_in_transaction("AsyncLedger.reconcile"))
-        return await reconcile.areconcile(self._send, self._calls, request, self._settle)
+        return await reconcile.areconcile(self._send, self._sql, request, self._settle)
 
     async def _settle(self, statement: Statement[T]) -> T:
         """See :meth:`Ledger._settle`."""
@@ -389,18 +389,18 @@ class AsyncLedger(_LedgerBase):
                                                            first=reconcile.lock_wait()))
 
     async def sweep(self, *, limit: int = 1000, now: datetime | None = None) -> int:
-        return await self._send(self._calls.sweep(limit, now))
+        return await self._send(self._sql.sweep(limit, now))
 
     async def purge(self, older_than: Lease, *, limit: int = 10000,
                     now: datetime | None = None) -> int:
-        return await self._send(self._calls.purge(older_than, limit, now))
+        return await self._send(self._sql.purge(older_than, limit, now))
 
     async def revoke_grants(self) -> int:
         """See :meth:`Ledger.revoke_grants`."""
-        return await self._send(self._calls.revoke_grants())
+        return await self._send(self._sql.revoke_grants())
 
     async def get(self, action_key: str) -> Action | None:
-        return await self._send(self._calls.get(action_key))
+        return await self._send(self._sql.get(action_key))
 
     async def attempts(self, action_key: str) -> list[Attempt]:
-        return await self._send(self._calls.attempts(action_key))
+        return await self._send(self._sql.attempts(action_key))

@@ -35,7 +35,6 @@ import psycopg
 from psycopg import errors as pg_errors
 
 from replaysafe_pg import _args, queries
-from replaysafe_pg.calls import Calls, Rows, Statement, acting_for
 from replaysafe_pg.errors import (
     DatabaseUnavailable,
     InvalidArgument,
@@ -43,6 +42,7 @@ from replaysafe_pg.errors import (
     ReplaysafeError,
 )
 from replaysafe_pg.models import Action, ActionState
+from replaysafe_pg.statements import Rows, Statement, Statements, acting_for
 
 __all__ = [
     "Action",
@@ -145,7 +145,7 @@ def _cut(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def decide(calls: Calls, action: Action, verdict: Any, not_found: str,
+def decide(sql: Statements, action: Action, verdict: Any, not_found: str,
            dry_run: bool) -> tuple[Statement[ActionState] | None, Reconciliation]:
     """What an answer of the provider means: the statement that settles the action (None:
     nothing to write) and the record of it."""
@@ -159,12 +159,12 @@ def decide(calls: Calls, action: Action, verdict: Any, not_found: str,
                 + (f", reference {reference}" if reference else ", no reference"))
         done = replace(base, outcome=ReconcileOutcome.SUCCEEDED, provider_reference=reference,
                        note=note)
-        return calls.resolve(action.action_key, ActionState.SUCCEEDED, verdict.result, None,
+        return sql.resolve(action.action_key, ActionState.SUCCEEDED, verdict.result, None,
                              reference, note, None, expected_attempt=action.attempt), done
     if isinstance(verdict, Failed):
         note = "reconciled: refused at provider"
         done = replace(base, outcome=ReconcileOutcome.FAILED, note=note)
-        return calls.resolve(action.action_key, ActionState.FAILED, None, verdict.error, None,
+        return sql.resolve(action.action_key, ActionState.FAILED, None, verdict.error, None,
                              note, None, expected_attempt=action.attempt), done
     if isinstance(verdict, NotFound):
         if not_found == "leave":
@@ -172,7 +172,7 @@ def decide(calls: Calls, action: Action, verdict: Any, not_found: str,
                                  note="not found at provider: left unknown")
         note = "reconciled: not found at provider, will run again with the same idempotency key"
         done = replace(base, outcome=ReconcileOutcome.RETRYABLE, note=note)
-        return calls.resolve(action.action_key, ActionState.RETRYABLE, None,
+        return sql.resolve(action.action_key, ActionState.RETRYABLE, None,
                              {"reason": "not_found_at_provider"}, None, note, None,
                              expected_attempt=action.attempt), done
     return None, replace(base, error=f"the lookup returned {_short(verdict)}, not Succeeded, "
@@ -267,17 +267,17 @@ def _rows(rows: Rows) -> Rows:
     return rows
 
 
-def _work_list(calls: Calls, request: Request) -> Statement[list[Due]]:
-    return Statement("reconcile_due", {"tenant_id": calls.tenant_id, "limit": request.limit,
-                                       "older_than": request.older_than}, _due_of, calls.grant)
+def _work_list(sql: Statements, request: Request) -> Statement[list[Due]]:
+    return Statement("reconcile_due", {"tenant_id": sql.tenant_id, "limit": request.limit,
+                                       "older_than": request.older_than}, _due_of, sql.grant)
 
 
-def _page_of(calls: Calls, page: Sequence[Due], whole: bool) -> Statement[Rows]:
+def _page_of(sql: Statements, page: Sequence[Due], whole: bool) -> Statement[Rows]:
     """``reconcile_page``; ``whole``: whatever the size of the payloads (an action alone)."""
-    return Statement("reconcile_page", {"tenant_id": calls.tenant_id,
+    return Statement("reconcile_page", {"tenant_id": sql.tenant_id,
                                         "action_keys": [d.action_key for d in page],
                                         "row_bytes": None if whole else ROW_BYTES},
-                     _rows, calls.grant)
+                     _rows, sql.grant)
 
 
 def lock_wait() -> tuple[LiteralString, dict[str, Any]]:
@@ -403,8 +403,8 @@ def _after_refusal(exc: Exception, action: Action, done: Reconciliation) -> Reco
 class _Pass:
     """What one call has done so far: the records, and how many actions it found held."""
 
-    def __init__(self, calls: Calls, request: Request) -> None:
-        self.calls = calls
+    def __init__(self, sql: Statements, request: Request) -> None:
+        self.sql = sql
         self.request = request
         self.records: dict[str, Reconciliation] = {}
         self.held = 0
@@ -434,7 +434,7 @@ class _Pass:
         if failed is not None:
             return None, failed
         try:
-            statement, done = decide(self.calls, action, verdict, self.request.not_found,
+            statement, done = decide(self.sql, action, verdict, self.request.not_found,
                                      self.request.dry_run)
         except InvalidArgument as exc:  # e.g. a result that is not JSON: this action only
             return None, _unstorable(action, exc, self.request.dry_run)
@@ -464,12 +464,12 @@ def _verdict_or_record(lookup: Lookup, action: Action,
         return None, _failed_lookup(action, exc, dry_run)
 
 
-def _load(send: Callable[[Statement[Any]], Any], calls: Calls, page: Sequence[Due],
+def _load(send: Callable[[Statement[Any]], Any], sql: Statements, page: Sequence[Due],
           dry_run: bool, whole: bool = False) -> _Page:
     """The page's actions; a page with a row the driver cannot decode, or the server cannot
     return, is read again action by action, so that only that one is in error."""
     try:
-        rows: Rows = send(_page_of(calls, page, whole))
+        rows: Rows = send(_page_of(sql, page, whole))
     except Exception as exc:
         if not _rows_fault(exc):
             raise
@@ -477,23 +477,23 @@ def _load(send: Callable[[Statement[Any]], Any], calls: Calls, page: Sequence[Du
             return _Page({page[0].action_key: _unreadable(page[0], exc, dry_run)}, [])
         out = _Page({}, [])
         for d in page:
-            one = _load(send, calls, [d], dry_run, whole)
+            one = _load(send, sql, [d], dry_run, whole)
             out.items |= one.items
             out.large += one.large
         return out
     return _read(rows, page, dry_run)
 
 
-def reconcile(send: Callable[[Statement[Any]], Any], calls: Calls, request: Request,
+def reconcile(send: Callable[[Statement[Any]], Any], sql: Statements, request: Request,
               settle: Callable[[Statement[ActionState]], ActionState]
               ) -> list[Reconciliation]:
     """Page by page, oldest first: read the page's actions, look them up (lookups overlap,
     up to ``concurrency``), settle them one by one through ``settle`` (``send`` after
     :func:`lock_wait`, in one transaction)."""
-    due: list[Due] = send(_work_list(calls, request))
+    due: list[Due] = send(_work_list(sql, request))
     if not due:
-        send(acting_for(calls.grant))  # nothing due: is there a tenant at all?
-    work = _Pass(calls, request)
+        send(acting_for(sql.grant))  # nothing due: is there a tenant at all?
+    work = _Pass(sql, request)
     size = _page_size(request)
 
     def run(pool: ThreadPoolExecutor, read: _Page) -> None:
@@ -511,13 +511,13 @@ def reconcile(send: Callable[[Statement[Any]], Any], calls: Calls, request: Requ
         for page in _pages(work.todo(due), size):
             if work.out_of_patience(page):
                 continue
-            read = _load(send, calls, page, request.dry_run)
+            read = _load(send, sql, page, request.dry_run)
             large, read.large = read.large, []
             run(pool, read)
             del read  # the page's payloads, before the large ones' and the next page's
             for d in large:
                 if not work.out_of_patience([d]):
-                    run(pool, _load(send, calls, [d], request.dry_run, whole=True))
+                    run(pool, _load(send, sql, [d], request.dry_run, whole=True))
     return work.results(due)
 
 
@@ -532,11 +532,11 @@ def _settle(settle: Callable[[Statement[ActionState]], ActionState], action: Act
     return done
 
 
-async def _aload(send: Callable[[Statement[Any]], Awaitable[Any]], calls: Calls,
+async def _aload(send: Callable[[Statement[Any]], Awaitable[Any]], sql: Statements,
                  page: Sequence[Due], dry_run: bool, whole: bool = False) -> _Page:
     """See :func:`_load`."""
     try:
-        rows: Rows = await send(_page_of(calls, page, whole))
+        rows: Rows = await send(_page_of(sql, page, whole))
     except Exception as exc:
         if not _rows_fault(exc):
             raise
@@ -544,22 +544,22 @@ async def _aload(send: Callable[[Statement[Any]], Awaitable[Any]], calls: Calls,
             return _Page({page[0].action_key: _unreadable(page[0], exc, dry_run)}, [])
         out = _Page({}, [])
         for d in page:
-            one = await _aload(send, calls, [d], dry_run, whole)
+            one = await _aload(send, sql, [d], dry_run, whole)
             out.items |= one.items
             out.large += one.large
         return out
     return _read(rows, page, dry_run)
 
 
-async def areconcile(send: Callable[[Statement[Any]], Awaitable[Any]], calls: Calls,
+async def areconcile(send: Callable[[Statement[Any]], Awaitable[Any]], sql: Statements,
                      request: Request,
                      settle: Callable[[Statement[ActionState]], Awaitable[ActionState]]
                      ) -> list[Reconciliation]:
     """The async flavour: coroutine lookups are awaited, up to ``concurrency`` at once."""
-    due: list[Due] = await send(_work_list(calls, request))
+    due: list[Due] = await send(_work_list(sql, request))
     if not due:
-        await send(acting_for(calls.grant))  # as above
-    work = _Pass(calls, request)
+        await send(acting_for(sql.grant))  # as above
+    work = _Pass(sql, request)
     gate = asyncio.Semaphore(request.concurrency)
 
     async def ask(action: Action) -> tuple[Any, Reconciliation | None]:
@@ -591,13 +591,13 @@ async def areconcile(send: Callable[[Statement[Any]], Awaitable[Any]], calls: Ca
     for page in _pages(work.todo(due), _page_size(request)):
         if work.out_of_patience(page):
             continue
-        read = await _aload(send, calls, page, request.dry_run)
+        read = await _aload(send, sql, page, request.dry_run)
         large, read.large = read.large, []
         await run(read)
         del read
         for d in large:
             if not work.out_of_patience([d]):
-                await run(await _aload(send, calls, [d], request.dry_run, whole=True))
+                await run(await _aload(send, sql, [d], request.dry_run, whole=True))
     return work.results(due)
 
 

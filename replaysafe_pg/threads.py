@@ -3,7 +3,7 @@
 Every write is a compare-and-swap: ``write`` needs the version the caller last read (``0`` to
 create) and raises :class:`~replaysafe_pg.errors.StaleStateError` when another write got
 there first. Each method is one round trip; its parameters and answer are those of
-:class:`~replaysafe_pg.calls.ThreadCalls`.
+:class:`~replaysafe_pg.statements.ThreadStatements`.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Any, TypeVar
 
 from replaysafe_pg._conn import AsyncConninfo, AsyncSource, Conninfo, SyncSource
 from replaysafe_pg._grant import GrantArg
-from replaysafe_pg.calls import Statement, ThreadCalls
 from replaysafe_pg.limits import DEFAULT_LIMITS, Limits
 from replaysafe_pg.models import ThreadState, ThreadVersion
+from replaysafe_pg.statements import Statement, ThreadStatements
 
 __all__ = ["AsyncThreads", "ThreadState", "ThreadVersion", "Threads"]
 
@@ -26,22 +26,22 @@ class _ThreadsBase:
 
     def __init__(self, *, tenant_id: str | None, user_id: str | None,
                  grant: GrantArg | None, limits: Limits) -> None:
-        self._calls = ThreadCalls(tenant_id, user_id, grant, limits)
+        self._sql = ThreadStatements(tenant_id, user_id, grant, limits)
 
     @property
     def tenant_id(self) -> str:
-        return self._calls.tenant_id
+        return self._sql.tenant_id
 
     @property
     def user_id(self) -> str | None:
         """The ``user_id`` given (under a grant that names a user and without one, the
         database takes the grant's user)."""
-        return self._calls.user_id
+        return self._sql.user_id
 
     @property
     def limits(self) -> Limits:
         """The size limits checked before anything is sent (docs/python.md#size-limits)."""
-        return self._calls.limits
+        return self._sql.limits
 
 
 class Threads(_ThreadsBase):
@@ -80,21 +80,21 @@ class Threads(_ThreadsBase):
 
     def read(self, thread_id: str) -> ThreadState:
         """``read_thread``: the latest version and state."""
-        return self._send(self._calls.read(thread_id))
+        return self._send(self._sql.read(thread_id))
 
     def write(self, thread_id: str, state: dict[str, Any], expected_version: int, *,
               history_limit: int | None = None) -> int:
         """``write_thread``: store ``state`` if the thread is still at ``expected_version``;
         returns the new version. ``history_limit`` becomes the thread's limit."""
-        return self._send(self._calls.write(thread_id, state, expected_version, history_limit))
+        return self._send(self._sql.write(thread_id, state, expected_version, history_limit))
 
     def history(self, thread_id: str, *, limit: int = 100) -> list[ThreadVersion]:
         """``thread_history``: kept versions, newest first."""
-        return self._send(self._calls.history(thread_id, limit))
+        return self._send(self._sql.history(thread_id, limit))
 
     def delete(self, thread_id: str) -> bool:
         """``delete_thread``: False if the thread is absent or already deleted."""
-        return self._send(self._calls.delete(thread_id))
+        return self._send(self._sql.delete(thread_id))
 
 
 class AsyncThreads(_ThreadsBase):
@@ -119,15 +119,15 @@ class AsyncThreads(_ThreadsBase):
         return statement.decode(await self._source.execute(statement.query, statement.params))
 
     async def read(self, thread_id: str) -> ThreadState:
-        return await self._send(self._calls.read(thread_id))
+        return await self._send(self._sql.read(thread_id))
 
     async def write(self, thread_id: str, state: dict[str, Any], expected_version: int, *,
                     history_limit: int | None = None) -> int:
-        return await self._send(self._calls.write(thread_id, state, expected_version,
+        return await self._send(self._sql.write(thread_id, state, expected_version,
                                                   history_limit))
 
     async def history(self, thread_id: str, *, limit: int = 100) -> list[ThreadVersion]:
-        return await self._send(self._calls.history(thread_id, limit))
+        return await self._send(self._sql.history(thread_id, limit))
 
     async def delete(self, thread_id: str) -> bool:
-        return await self._send(self._calls.delete(thread_id))
+        return await self._send(self._sql.delete(thread_id))

@@ -42,7 +42,6 @@ from psycopg.rows import dict_row
 
 from replaysafe_pg import queries, schema
 from replaysafe_pg._dsn import redact
-from replaysafe_pg.calls import acting_for
 from replaysafe_pg.cli import embedded, render
 from replaysafe_pg.cli import grant as grant_cli
 from replaysafe_pg.cli.db import ConnectError, Database, first_line
@@ -56,6 +55,7 @@ from replaysafe_pg.errors import (
 from replaysafe_pg.ledger import Ledger
 from replaysafe_pg.models import ActionState
 from replaysafe_pg.reconcile import GONE_NOTE, Lookup, ReconcileOutcome, Reconciliation
+from replaysafe_pg.statements import acting_for
 from replaysafe_pg.threads import Threads
 
 EXIT_ATTENTION = 1

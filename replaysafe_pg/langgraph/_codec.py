@@ -70,7 +70,7 @@ def _json(value: Any) -> str:
 
 class Codec:
     """The calls of one saver: tenant, serializer and tenant grant bound (``grant``: see
-    :class:`~replaysafe_pg.calls.Calls`; ``tenant_id`` None is then the grant's tenant).
+    :class:`~replaysafe_pg.statements.Statements`; ``tenant_id`` None is then the grant's tenant).
     ``limits``: a checkpoint (its JSON, and its metadata's), a channel value or a pending
     write over them is refused before anything is sent."""
 

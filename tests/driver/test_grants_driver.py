@@ -123,9 +123,9 @@ def test_tenant_id_may_be_omitted_and_must_match_the_grants(logins: Logins) -> N
 
 def test_statements_without_a_grant_are_those_of_a_bound_login(logins: Logins) -> None:
     from replaysafe_pg import queries
-    from replaysafe_pg.calls import Calls
+    from replaysafe_pg.statements import Statements
 
-    plain, granted = Calls("acme", "w"), Calls(None, "w", grant_for(logins, "acme"))
+    plain, granted = Statements("acme", "w"), Statements(None, "w", grant_for(logins, "acme"))
     for build in (lambda c: c.claim("k", "op", {}, 30, None, "unknown", None),
                   lambda c: c.sweep(10, None), lambda c: c.purge(60, 10, None),
                   lambda c: c.get("k"), lambda c: c.revoke_grants()):
@@ -205,8 +205,8 @@ def test_a_grant_refreshed_while_the_tool_runs_records_its_outcome(
         assert not [r for r in caplog.records if "heartbeat" in r.getMessage()]
         assert (first.status, first.result) == ("succeeded", "done")
         assert led.run("op", tool, {}, key="k").replay is True
-    assert repr(led._calls.grant).startswith("<Grant (callable) for tenant 'acme'")
-    assert holder["grant"] not in repr(led._calls.grant)
+    assert repr(led._sql.grant).startswith("<Grant (callable) for tenant 'acme'")
+    assert holder["grant"] not in repr(led._sql.grant)
 
 
 def test_revoke_grants_needs_an_operator(logins: Logins) -> None:

@@ -9,11 +9,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from replaysafe_pg import runner
-from replaysafe_pg.calls import Calls
+from replaysafe_pg import run_policy
 from replaysafe_pg.errors import DatabaseUnavailable, OutcomeNotRecorded, unavailable
 from replaysafe_pg.execution import ExecutionStatus
 from replaysafe_pg.models import ActionState, Claim, ClaimOutcome, ReportOutcome
+from replaysafe_pg.statements import Statements
 
 # The attempt token of the claims made by hand (claim_action's answer carries one).
 TOKEN = "rsat_" + "0" * 64
@@ -30,7 +30,7 @@ class Clock:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     c = Clock()
-    monkeypatch.setattr(runner.time, "monotonic", c.monotonic)
+    monkeypatch.setattr(run_policy.time, "monotonic", c.monotonic)
     return c
 
 
@@ -43,11 +43,11 @@ def down() -> DatabaseUnavailable:
 
 def drive(steps: Any, clock: Clock, answer: Any) -> tuple[Any, list[Any]]:
     """Run ``steps``; ``answer(effect)`` returns a value or raises; sleeps move the clock."""
-    stepper = runner.Stepper(steps)
+    stepper = run_policy.Stepper(steps)
     seen = []
     while (effect := stepper.effect) is not None:
         seen.append(effect)
-        if isinstance(effect, runner.Sleep):
+        if isinstance(effect, run_policy.Sleep):
             clock.now += effect.seconds
             stepper.step(None, None)
             continue
@@ -59,14 +59,17 @@ def drive(steps: Any, clock: Clock, answer: Any) -> tuple[Any, list[Any]]:
     return stepper.result, seen
 
 
-def plan(lease: float = 30) -> runner.Plan:
-    return runner.make_plan(Calls("t", "w"), "op", lambda: 1, {}, "k", thread_id=None,
-                            lease=lease, on_expired="unknown", wait_timeout=30, timeout=None,
-                            retryable=None, async_ok=False, encoder=None)
+STATEMENTS = Statements("t", "w")
+
+
+def plan(lease: float = 30) -> run_policy.Plan:
+    return run_policy.make_plan(STATEMENTS, "op", lambda: 1, {}, "k", thread_id=None,
+                                lease=lease, on_expired="unknown", wait_timeout=30,
+                                timeout=None, retryable=None, can_await=False, encoder=None)
 
 
 def test_every_plan_claims_with_a_fresh_token() -> None:
-    tokens = {plan().claim.params["claim_token"] for _ in range(50)}
+    tokens = {plan().claim_token for _ in range(50)}
     assert len(tokens) == 50 and all(len(t) == 32 for t in tokens)
 
 
@@ -79,11 +82,13 @@ def test_a_claim_is_sent_again_for_as_long_as_the_lease(clock: Clock) -> None:
             raise down()
         return "claimed"
 
-    result, seen = drive(runner.claim_within_lease(p.claim, 30, True), clock, answer)
+    claim = run_policy.claim_one(STATEMENTS, p)
+    result, seen = drive(run_policy.claim_within_lease(claim, 30, True), clock, answer)
     assert result == "claimed"
-    sends = [e for e in seen if isinstance(e, runner.Send)]
-    assert all(e.statement is p.claim for e in sends)  # the same token every time
-    assert max(e.seconds for e in seen if isinstance(e, runner.Sleep)) == runner.RETRY_MAX_DELAY
+    sends = [e for e in seen if isinstance(e, run_policy.Send)]
+    assert all(e.statement is claim for e in sends)  # the same token every time
+    assert claim.params["claim_token"] == p.claim_token
+    assert max(e.seconds for e in seen if isinstance(e, run_policy.Sleep)) == run_policy.RETRY_MAX_DELAY
 
 
 def test_a_claim_gives_up_at_the_lease_with_database_unavailable(clock: Clock) -> None:
@@ -94,7 +99,7 @@ def test_a_claim_gives_up_at_the_lease_with_database_unavailable(clock: Clock) -
         raise down()
 
     with pytest.raises(DatabaseUnavailable) as caught:
-        drive(runner.claim_within_lease(p.claim, 5, True), clock, answer)
+        drive(run_policy.claim_within_lease(run_policy.claim_one(STATEMENTS, p), 5, True), clock, answer)
     assert 4.5 <= clock.now - start <= 5.0
     assert isinstance(caught.value.__cause__, psycopg.OperationalError)
 
@@ -104,20 +109,21 @@ def test_a_raw_psycopg_error_becomes_database_unavailable(clock: Clock) -> None:
         raise psycopg.OperationalError("connection refused")
 
     with pytest.raises(DatabaseUnavailable) as caught:
-        drive(runner.claim_within_lease(plan().claim, 30, False), clock, answer)
+        claim = run_policy.claim_one(STATEMENTS, plan())
+        drive(run_policy.claim_within_lease(claim, 30, False), clock, answer)
     assert isinstance(caught.value.__cause__, psycopg.OperationalError)
 
 
-def record_steps(lease: float) -> tuple[Any, runner.Ticket]:
+def record_steps(lease: float) -> tuple[Any, run_policy.Ticket]:
     p = plan(lease)
-    calls = Calls("t", "w")
+    calls = Statements("t", "w")
     claim = Claim(ClaimOutcome.CLAIMED, ActionState.RUNNING, 1,
                   datetime.now(UTC) + timedelta(seconds=lease), None, None, "ik", None,
                   attempt_token=TOKEN, action_key="k")
-    ticket = runner.heartbeat_ticket(calls, p, claim)
-    pending = runner.started(p, claim, ExecutionStatus.SUCCEEDED, result=1)
-    report = runner.Report.success(calls, claim, "1")
-    return runner.record(calls, report, pending, ticket, True), ticket
+    ticket = run_policy.heartbeat_ticket(calls, p, claim)
+    pending = run_policy.started(p, claim, ExecutionStatus.SUCCEEDED, result=1)
+    report = run_policy.Report.success(calls, claim, "1")
+    return run_policy.record(calls, report, pending, ticket, True), ticket
 
 
 def test_a_record_is_retried_while_the_lease_lasts_not_six_seconds(clock: Clock) -> None:
@@ -170,9 +176,9 @@ def test_a_claim_answered_again_by_its_token_heartbeats_early() -> None:
     late = Claim(ClaimOutcome.CLAIMED, ActionState.RUNNING, 1,
                  datetime.now(UTC) + timedelta(seconds=6), None, None, "ik", None,
                  attempt_token=TOKEN, action_key="k")
-    ticket = runner.heartbeat_ticket(Calls("t", "w"), p, late)
+    ticket = run_policy.heartbeat_ticket(Statements("t", "w"), p, late)
     assert 2.5 <= ticket.first_beat <= 3.0  # half of what is left, not a third of 30 s
     fresh = Claim(ClaimOutcome.CLAIMED, ActionState.RUNNING, 1,
                   datetime.now(UTC) + timedelta(seconds=30), None, None, "ik", None,
                   attempt_token=TOKEN, action_key="k")
-    assert runner.heartbeat_ticket(Calls("t", "w"), p, fresh).first_beat == pytest.approx(10)
+    assert run_policy.heartbeat_ticket(Statements("t", "w"), p, fresh).first_beat == pytest.approx(10)

@@ -176,7 +176,7 @@ def _require_a_tenant(rows: Rows) -> None:
             "#all-tenant-roles)")
 
 
-class Calls:
+class Statements:
     """The ledger's SQL functions for one tenant and worker (``worker_id`` None: this host
     and process). ``grant``: a tenant grant (or a callable returning the current one) that
     every statement carries; ``tenant_id`` None is then the grant's tenant (else
@@ -233,22 +233,22 @@ class Calls:
             "claim_token": None if claim_token is None else _args.secret(claim_token, "claim_token"),
         } | self._claim_options(lease, thread_id, on_expired, now), _ClaimOf(key["action_key"]))
 
-    def claim_many(self, calls: Sequence[tuple[str, str, dict[str, Any] | Encoded]], lease: Lease,
+    def claim_many(self, actions: Sequence[tuple[str, str, dict[str, Any] | Encoded]], lease: Lease,
                    thread_id: str | None, on_expired: str,
                    now: datetime | None,
                    claim_tokens: Sequence[str | None] | None = None) -> Statement[list[Claim]]:
-        if not all(isinstance(c, tuple | list) and len(c) == 3 for c in calls):
+        if not all(isinstance(c, tuple | list) and len(c) == 3 for c in actions):
             raise InvalidArgument("claim_many takes (action_key, operation, request) tuples")
         if claim_tokens is not None and (isinstance(claim_tokens, str)
-                                         or len(claim_tokens) != len(calls)):
+                                         or len(claim_tokens) != len(actions)):
             raise InvalidArgument("claim_tokens must hold one token (or None) per call")
-        keys = [_args.text_id(key, "action_key") for key, _, _ in calls]
+        keys = [_args.text_id(key, "action_key") for key, _, _ in actions]
         return self._statement("claim_actions", {
             "tenant_id": self.tenant_id,
             "action_keys": keys,
-            "operations": [_args.text_id(op, "operation") for _, op, _ in calls],
+            "operations": [_args.text_id(op, "operation") for _, op, _ in actions],
             "requests": [_json_object(req, "request", "request", self.limits)
-                         for _, _, req in calls],
+                         for _, _, req in actions],
             "claim_tokens": None if claim_tokens is None else [
                 None if t is None else _args.secret(t, "claim_token") for t in claim_tokens],
         } | self._claim_options(lease, thread_id, on_expired, now), _ClaimsOf(keys))
@@ -358,9 +358,9 @@ class Calls:
 
 # --- the thread functions ----------------------------------------------------------------
 
-class ThreadCalls:
+class ThreadStatements:
     """The thread-state SQL functions for one tenant (and optionally one user). ``grant``
-    and ``limits``: as for :class:`Calls`; a grant that names a user restricts the calls to that user's
+    and ``limits``: as for :class:`Statements`; a grant that names a user restricts the calls to that user's
     threads (``user_id`` None: the grant's user), and a ``user_id`` it is not for is refused."""
 
     __slots__ = ("grant", "limits", "tenant_id", "user_id")

@@ -1,4 +1,4 @@
-"""``Ledger.run`` and ``Ledger.run_many``: the sync I/O shell of :mod:`replaysafe_pg.runner`.
+"""``Ledger.run`` and ``Ledger.run_many``: the sync I/O shell of :mod:`replaysafe_pg.run_policy`.
 
 It performs the runner's effects with blocking calls: the claimed calls of ``run_many`` run
 in a thread pool, a tool with a timeout in a daemon thread, a waiter blocks on its
@@ -14,22 +14,22 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from replaysafe_pg import _tracing, runner
+from replaysafe_pg import _tracing, run_policy
 from replaysafe_pg._conn import SyncSource
-from replaysafe_pg._heartbeat import Heartbeater
+from replaysafe_pg._heartbeat import Heartbeats
 from replaysafe_pg._listen import Subscription
-from replaysafe_pg.calls import Calls, Statement
 from replaysafe_pg.errors import unavailable
 from replaysafe_pg.execution import Execution
 from replaysafe_pg.models import Claim, ClaimOutcome
-from replaysafe_pg.runner import Plan, Steps
+from replaysafe_pg.run_policy import Plan, Steps
+from replaysafe_pg.statements import Statement, Statements
 
 T = TypeVar("T")
 
 
-def drive(steps: Steps[T], perform: Callable[[runner.Effect], Any]) -> T:
+def drive(steps: Steps[T], perform: Callable[[run_policy.Effect], Any]) -> T:
     """Run ``steps`` to their end, performing each effect they yield."""
-    stepper = runner.Stepper(steps)
+    stepper = run_policy.Stepper(steps)
     while (effect := stepper.effect) is not None:
         try:
             value, error = perform(effect), None
@@ -45,15 +45,15 @@ def _no_raw_errors() -> Iterator[None]:
     never as a psycopg exception (the steps convert theirs; this catches any other)."""
     try:
         yield
-    except runner.RAW_ERRORS as exc:
+    except run_policy.RAW_ERRORS as exc:
         raise unavailable(exc) from exc
 
 
 class Runner:
     """Claims, runs and records for a sync ``Ledger``."""
 
-    def __init__(self, calls: Calls, source: SyncSource, heartbeats: Heartbeater) -> None:
-        self._calls = calls
+    def __init__(self, sql: Statements, source: SyncSource, heartbeats: Heartbeats) -> None:
+        self._sql = sql
         self._source = source
         self._heartbeats = heartbeats
 
@@ -62,12 +62,13 @@ class Runner:
                                                      alone=alone))
 
     def _claim(self, statement: Statement[T], plan: Plan) -> T:
-        return drive(runner.claim_within_lease(statement, plan.lease_seconds,
+        return drive(run_policy.claim_within_lease(statement, plan.lease_seconds,
                                                self._source.can_reconnect), self._perform)
 
     def run(self, plan: Plan) -> Execution:
         with _tracing.span(plan.operation) as span, _no_raw_errors():
-            return runner.traced(span, self._resolve(plan, self._claim(plan.claim, plan)))
+            claim = self._claim(run_policy.claim_one(self._sql, plan), plan)
+            return run_policy.traced(span, self._resolve(plan, claim))
 
     def run_many(self, plans: list[Plan], max_workers: int) -> list[Execution]:
         if not plans:
@@ -76,8 +77,8 @@ class Runner:
             return self._run_many(plans, max_workers)
 
     def _run_many(self, plans: list[Plan], max_workers: int) -> list[Execution]:
-        claims = self._claim(runner.claim_many(self._calls, plans), plans[0])
-        out, work = runner.to_run(plans, claims)
+        claims = self._claim(run_policy.claim_many(self._sql, plans), plans[0])
+        out, work = run_policy.to_run(plans, claims)
         if len(work) == 1:
             out[work[0]] = self._resolve_traced(plans[work[0]], claims[work[0]])
         elif work:
@@ -88,11 +89,11 @@ class Runner:
             for i, future in futures.items():
                 exc = future.exception()
                 out[i] = future.result() if exc is None else exc
-        return runner.collected(out)
+        return run_policy.collected(out)
 
     def _resolve_traced(self, plan: Plan, claim: Claim) -> Execution:
         with _tracing.span(plan.operation) as span:
-            return runner.traced(span, self._resolve(plan, claim))
+            return run_policy.traced(span, self._resolve(plan, claim))
 
     def _resolve(self, plan: Plan, claim: Claim) -> Execution:
         # A claim a waiter took beside a caller's connection is recorded there too: the
@@ -101,48 +102,48 @@ class Runner:
         if claim.outcome is ClaimOutcome.RUNNING and plan.wait_timeout > 0:
             claim, aside = self._wait(plan, claim), True
         if claim.outcome is ClaimOutcome.CLAIMED:
-            ticket = runner.heartbeat_ticket(self._calls, plan, claim)
+            ticket = run_policy.heartbeat_ticket(self._sql, plan, claim)
             self._heartbeats.start(ticket)
             try:
-                return drive(runner.execute(self._calls, plan, claim, ticket),
+                return drive(run_policy.execute(self._sql, plan, claim, ticket),
                              lambda effect: self._perform(effect, aside=aside))
             finally:
                 self._heartbeats.stop(ticket)
-        return runner.answered(plan, claim)
+        return run_policy.answered(plan, claim)
 
     def _wait(self, plan: Plan, claim: Claim) -> Claim:
         deadline = time.monotonic() + plan.wait_timeout
         subscription = Subscription(self._source.listener())
         try:
-            return drive(runner.wait(plan, claim, deadline, self._source.can_reconnect),
+            return drive(run_policy.wait(self._sql, plan, claim, deadline, self._source.can_reconnect),
                          lambda effect: self._perform(effect, subscription, aside=True))
         finally:
             subscription.drop()
 
-    def _perform(self, effect: runner.Effect, subscription: Subscription | None = None, *,
+    def _perform(self, effect: run_policy.Effect, subscription: Subscription | None = None, *,
                  aside: bool = False) -> Any:
         """``aside``: a waiter's statements (beside a caller's connection)."""
         match effect:
-            case runner.Send(statement, alone):
+            case run_policy.Send(statement, alone):
                 if aside:
                     return statement.decode(self._source.execute_aside(
                         statement.query, statement.params, alone=alone))
                 return self._send(statement, alone)
-            case runner.Listen(key):
+            case run_policy.Listen(key):
                 assert subscription is not None
                 subscription.subscribe(key)
                 return None
-            case runner.Notified(seconds):
+            case run_policy.Notified(seconds):
                 assert subscription is not None
                 subscription.wait(seconds)
                 return None
-            case runner.Sleep(seconds):
+            case run_policy.Sleep(seconds):
                 time.sleep(seconds)
                 return None
-            case runner.RunTool(plan, kwargs):
+            case run_policy.RunTool(plan, kwargs):
                 return _call(plan, kwargs)
-            case runner.Record(report, pending, ticket):
-                return drive(runner.record(self._calls, report, pending, ticket,
+            case run_policy.Record(report, pending, ticket):
+                return drive(run_policy.record(self._sql, report, pending, ticket,
                                            self._source.can_reconnect),
                              lambda effect: self._perform(effect, aside=aside))
         raise AssertionError(effect)
@@ -166,7 +167,7 @@ def _call(plan: Plan, kwargs: dict[str, Any]) -> Any:
 
     threading.Thread(target=target, daemon=True, name=f"replaysafe-tool:{plan.operation}").start()
     if not done.wait(plan.timeout):
-        raise runner.ToolTimedOut
+        raise run_policy.ToolTimedOut
     ok, value = box[0]
     if ok:
         return value

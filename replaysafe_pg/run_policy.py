@@ -10,7 +10,7 @@ again after checking whether it had landed, a waiter's claim again until its dea
 
 The steps that send something are generators: they yield an effect (:class:`Send`,
 :class:`Sleep`, :class:`RunTool`, :class:`Record`, :class:`Notified`) and get its answer
-back, or its exception thrown in. The I/O shells (``run.py`` with threads, ``arun.py`` on
+back, or its exception thrown in. The I/O shells (``run_sync.py`` with threads, ``run_async.py`` on
 asyncio) perform the effects; the plan, the reports, the retry schedule and the wait clock
 live here only.
 """
@@ -25,7 +25,7 @@ import secrets
 import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, TypeAlias, TypeVar
 
 import psycopg
@@ -33,22 +33,7 @@ import psycopg
 from replaysafe_pg import _args, _json
 from replaysafe_pg._json import TooLong
 from replaysafe_pg._listen import POLL_INTERVAL
-from replaysafe_pg.calls import Calls, Encoded, Lease, Statement, result_too_large
-from replaysafe_pg.errors import (
-    DatabaseUnavailable,
-    InvalidArgument,
-    LoginRefused,
-    OutcomeNotRecorded,
-    UnstorableResult,
-    unavailable,
-)
-from replaysafe_pg.execution import (
-    Call,
-    Encoder,
-    Execution,
-    ExecutionStatus,
-    Retryable,
-    as_call,
+from replaysafe_pg._tool import (
     dump_error,
     dump_result,
     error_of,
@@ -58,7 +43,17 @@ from replaysafe_pg.execution import (
     unstorable,
     unstorable_error,
 )
+from replaysafe_pg.errors import (
+    DatabaseUnavailable,
+    InvalidArgument,
+    LoginRefused,
+    OutcomeNotRecorded,
+    UnstorableResult,
+    unavailable,
+)
+from replaysafe_pg.execution import Call, Encoder, Execution, ExecutionStatus, Retryable, as_call
 from replaysafe_pg.models import ActionState, Attempt, Claim, ClaimOutcome, ReportOutcome
+from replaysafe_pg.statements import Encoded, Lease, Statement, Statements, result_too_large
 
 log = logging.getLogger("replaysafe_pg.run")
 
@@ -83,46 +78,52 @@ MIN_CLAIM_GAP = 0.1
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """One call, validated before anything is claimed."""
+    """One call, validated before anything is claimed: what its claim sends (built from
+    these fields by :func:`claim_one` and :func:`claim_many` where it is sent) and how the
+    shell runs the tool."""
 
     operation: str
     fn: Callable[..., Any]
     args: dict[str, Any]
     key: str
-    claim: Statement[Claim]
-    lease_seconds: float
+    request: Encoded  # the args' JSON object, checked against the request's size limit
+    lease: timedelta
+    thread_id: str | None
+    on_expired: str
+    # A fresh token per call: a claim whose answer is lost is asked for again with it.
+    claim_token: str
     wait_timeout: float
     timeout: float | None
     retryable: Retryable
-    is_async: bool
-    awaits: bool  # the async flavour: it awaits what the tool returns
+    is_async: bool  # the tool is a coroutine function
+    can_await: bool  # the async flavour: it awaits what the tool returns
     encoder: Encoder | None  # None: the default (pydantic-core)
 
     @property
-    def lease(self) -> Any:
-        return self.claim.args["lease"]
+    def lease_seconds(self) -> float:
+        return self.lease.total_seconds()
 
 
-def make_plan(calls: Calls, operation: str, fn: Callable[..., Any], args: dict[str, Any],
+def make_plan(sql: Statements, operation: str, fn: Callable[..., Any], args: dict[str, Any],
               key: str, *, thread_id: str | None, lease: Lease, on_expired: str,
               wait_timeout: float, timeout: float | None, retryable: Retryable,
-              async_ok: bool, encoder: Encoder | None) -> Plan:
+              can_await: bool, encoder: Encoder | None) -> Plan:
     if not callable(fn):
         raise InvalidArgument(f"fn must be callable, got {type(fn).__name__}")
     is_async = tool_info(fn).is_async
-    if is_async and not async_ok:
+    if is_async and not can_await:
         raise InvalidArgument(
             f"fn {getattr(fn, '__qualname__', fn)!r} is a coroutine function: a sync Ledger "
             "cannot await it; use AsyncLedger.run")
     # Serialising the request validates args: strict JSON (the request's fingerprint), a
     # JSON object within the request's size limits, nothing written otherwise.
-    request = Encoded(_json.dumps_object(args, "args", "request", calls.limits))
-    # A fresh claim token per call: a claim whose answer is lost is asked for again with it.
-    claim = calls.claim(key, operation, request, lease, thread_id, on_expired, None,
-                        new_claim_token())
+    request = Encoded(_json.dumps_object(args, "args", "request", sql.limits))
+    token = new_claim_token()
+    # Built only to check what the claim will send (key, operation, ids, lease); each send
+    # builds it again from the plan (claim_one).
+    sql.claim(key, operation, request, lease, thread_id, on_expired, None, token)
     if not all(isinstance(name, str) for name in args):
         raise InvalidArgument("args must have string keys (they are passed as keyword arguments)")
-    lease_seconds = claim.args["lease"].total_seconds()  # positive: checked by the builder
     if _args.seconds(wait_timeout, "wait_timeout") < 0:
         raise InvalidArgument("wait_timeout must be a number of seconds >= 0")
     if timeout is not None and _args.seconds(timeout, "timeout") <= 0:
@@ -131,16 +132,16 @@ def make_plan(calls: Calls, operation: str, fn: Callable[..., Any], args: dict[s
         raise InvalidArgument("retryable must be an exception type, a tuple of them, or a predicate")
     if encoder is not None and not callable(encoder):
         raise InvalidArgument(f"encoder must be None or callable, got {type(encoder).__name__}")
-    return Plan(operation, fn, args, key, claim, lease_seconds, float(wait_timeout),
-                None if timeout is None else float(timeout), retryable, is_async, async_ok,
-                encoder)
+    return Plan(operation, fn, args, key, request, _args.lease(lease), thread_id, on_expired,
+                token, float(wait_timeout), None if timeout is None else float(timeout),
+                retryable, is_async, can_await, encoder)
 
 
 CallSpec = Call | tuple[str, Callable[..., Any], dict[str, Any], str]
 
 
-def make_plans(calls: Calls, specs: Sequence[CallSpec], **options: Any) -> list[Plan]:
-    plans = [make_plan(calls, c.operation, c.fn, c.args, c.key, **options)
+def make_plans(sql: Statements, specs: Sequence[CallSpec], **options: Any) -> list[Plan]:
+    plans = [make_plan(sql, c.operation, c.fn, c.args, c.key, **options)
              for c in map(as_call, specs)]
     if len({p.key for p in plans}) != len(plans):
         raise InvalidArgument("run_many: every call needs its own key")
@@ -151,14 +152,20 @@ def new_claim_token() -> str:
     return secrets.token_hex(16)
 
 
-def claim_many(calls: Calls, plans: list[Plan]) -> Statement[list[Claim]]:
+def claim_one(sql: Statements, plan: Plan) -> Statement[Claim]:
+    """The plan's claim, with its claim token (sent again as is after a lost answer)."""
+    return sql.claim(plan.key, plan.operation, plan.request, plan.lease, plan.thread_id,
+                     plan.on_expired, None, plan.claim_token)
+
+
+def claim_many(sql: Statements, plans: list[Plan]) -> Statement[list[Claim]]:
     """One claim for every plan (their requests already serialised by :func:`make_plan`),
-    each with its plan's claim token."""
-    first = plans[0].claim.args
-    return calls.claim_many(
-        [(p.key, p.operation, Encoded(p.claim.args["request"])) for p in plans],
-        first["lease"], first["thread_id"], first["on_expired"], None,
-        [p.claim.args["claim_token"] for p in plans])
+    each with its plan's claim token; lease, thread and on_expired are the first plan's
+    (``run_many`` gives every plan the same)."""
+    first = plans[0]
+    return sql.claim_many([(p.key, p.operation, p.request) for p in plans], first.lease,
+                          first.thread_id, first.on_expired, None,
+                          [p.claim_token for p in plans])
 
 
 def to_run(plans: list[Plan], claims: list[Claim]) -> tuple[list[Execution | BaseException | None],
@@ -250,13 +257,16 @@ def not_recorded(pending: Execution, last: BaseException | None) -> OutcomeNotRe
 
 
 class Report:
-    """One record to write: the report's statement and the state it sets."""
+    """One record to write: the report's statement, the state it sets and the JSON text it
+    carries (the result, or the error)."""
 
-    __slots__ = ("state", "statement")
+    __slots__ = ("sent", "state", "statement")
 
-    def __init__(self, statement: Statement[ReportOutcome], state: ActionState) -> None:
+    def __init__(self, statement: Statement[ReportOutcome], state: ActionState,
+                 sent: str) -> None:
         self.statement = statement
         self.state = state
+        self.sent = sent
 
     def landed(self, attempts: list[Attempt], attempt: int) -> bool:
         """Did this very report commit although its answer was lost? Only if the attempt's
@@ -265,24 +275,24 @@ class Report:
         row = next((a for a in attempts if a.attempt == attempt), None)
         if row is None or row.outcome != self.state or row.superseded:
             return False
-        field = "result" if self.state == ActionState.SUCCEEDED else "error"
-        sent = self.statement.args.get(field)
-        return sent is not None and getattr(row, field) == _json.loads(sent)
+        stored = row.result if self.state == ActionState.SUCCEEDED else row.error
+        return bool(stored == _json.loads(self.sent))
 
     @classmethod
-    def success(cls, calls: Calls, claim: Claim, text: str) -> Report:
-        return cls(calls.complete(claim, Encoded(text), None, None), ActionState.SUCCEEDED)
+    def success(cls, sql: Statements, claim: Claim, text: str) -> Report:
+        return cls(sql.complete(claim, Encoded(text), None, None), ActionState.SUCCEEDED, text)
 
     @classmethod
-    def failure(cls, calls: Calls, claim: Claim, error: dict[str, Any],
+    def failure(cls, sql: Statements, claim: Claim, error: dict[str, Any],
                 retryable: bool) -> Report:
-        return cls(calls.fail(claim, Encoded(dump_error(error)), retryable, None),
-                   ActionState.RETRYABLE if retryable else ActionState.FAILED)
+        text = dump_error(error)
+        return cls(sql.fail(claim, Encoded(text), retryable, None),
+                   ActionState.RETRYABLE if retryable else ActionState.FAILED, text)
 
     @classmethod
-    def unknown(cls, calls: Calls, claim: Claim, error: dict[str, Any]) -> Report:
-        return cls(calls.mark_unknown(claim, Encoded(dump_error(error)), None),
-                   ActionState.UNKNOWN)
+    def unknown(cls, sql: Statements, claim: Claim, error: dict[str, Any]) -> Report:
+        text = dump_error(error)
+        return cls(sql.mark_unknown(claim, Encoded(text), None), ActionState.UNKNOWN, text)
 
 
 class WaitClock:
@@ -416,13 +426,13 @@ class Ticket:
         return min(self.interval / 2, RETRY_MAX_DELAY)
 
 
-def heartbeat_ticket(calls: Calls, plan: Plan, claim: Claim) -> Ticket:
+def heartbeat_ticket(sql: Statements, plan: Plan, claim: Claim) -> Ticket:
     left = None
     if claim.lease_expires_at is not None:
         # The server's clock against ours: skew only moves the first heartbeat earlier (a
         # lease longer than asked is not believed).
         left = (claim.lease_expires_at - datetime.now(UTC)).total_seconds()
-    return Ticket(plan.key, claim.attempt, calls.heartbeat(claim, plan.lease, None),
+    return Ticket(plan.key, claim.attempt, sql.heartbeat(claim, plan.lease, None),
                   plan.lease_seconds, left)
 
 
@@ -475,7 +485,8 @@ def as_unavailable(exc: BaseException) -> BaseException:
     return exc if isinstance(exc, DatabaseUnavailable) else unavailable(exc)
 
 
-def wait(plan: Plan, claim: Claim, deadline: float, can_reconnect: bool) -> Steps[Claim]:
+def wait(sql: Statements, plan: Plan, claim: Claim, deadline: float,
+         can_reconnect: bool) -> Steps[Claim]:
     """The wake-ups of docs/sql-ledger.md: subscribe to the key's NOTIFY, claim again, wait
     for the NOTIFY, the lease's end or POLL_INTERVAL, whichever comes first, until the claim
     is no longer "running" or ``deadline``. The claims borrow a connection each, so a waiter
@@ -491,7 +502,7 @@ def wait(plan: Plan, claim: Claim, deadline: float, can_reconnect: bool) -> Step
             if (gap := MIN_CLAIM_GAP - (time.monotonic() - claimed_at)) > 0:
                 yield Sleep(gap)
             claimed_at = time.monotonic()
-            claim = yield Send(plan.claim, alone=True)
+            claim = yield Send(claim_one(sql, plan), alone=True)
             backoff = Backoff(deadline)
             remaining = deadline - time.monotonic()
             if claim.outcome is not ClaimOutcome.RUNNING or remaining <= 0:
@@ -507,7 +518,7 @@ def wait(plan: Plan, claim: Claim, deadline: float, can_reconnect: bool) -> Step
         yield Sleep(delay)
 
 
-def execute(calls: Calls, plan: Plan, claim: Claim, ticket: Ticket) -> Steps[Execution]:
+def execute(sql: Statements, plan: Plan, claim: Claim, ticket: Ticket) -> Steps[Execution]:
     """Run the claimed tool and record its outcome."""
     kwargs = tool_kwargs(plan.args, plan.fn, claim.idempotency_key)
     try:
@@ -517,7 +528,7 @@ def execute(calls: Calls, plan: Plan, claim: Claim, ticket: Ticket) -> Steps[Exe
         pending = started(plan, claim, ExecutionStatus.UNKNOWN, error=error)
         lost = ticket.lease_lost
         return finish(pending, lost, (yield from _record(
-            ticket, Report.unknown(calls, claim, error), pending)))
+            ticket, Report.unknown(sql, claim, error), pending)))
     except Exception as exc:
         retry = is_retryable(exc, plan.retryable)
         error = error_of(exc)
@@ -525,45 +536,45 @@ def execute(calls: Calls, plan: Plan, claim: Claim, ticket: Ticket) -> Steps[Exe
                           exception=exc)
         lost = ticket.lease_lost
         return finish(pending, lost, (yield from _record(
-            ticket, Report.failure(calls, claim, error, retry), pending)))
+            ticket, Report.failure(sql, claim, error, retry), pending)))
     except BaseException as exc:
         # KeyboardInterrupt, SystemExit, a cancelled task: the tool may have acted; never
         # leave it "running".
-        cancelled = plan.awaits and isinstance(exc, asyncio.CancelledError)
+        cancelled = plan.can_await and isinstance(exc, asyncio.CancelledError)
         error = error_of(exc, reason="cancelled" if cancelled else "interrupted")
         pending = started(plan, claim, ExecutionStatus.UNKNOWN, error=error, exception=exc)
         # Logged; the interruption matters more.
         with contextlib.suppress(OutcomeNotRecorded, asyncio.CancelledError):
-            yield from _record(ticket, Report.unknown(calls, claim, error), pending)
+            yield from _record(ticket, Report.unknown(sql, claim, error), pending)
         raise
-    if not plan.awaits and inspect.isawaitable(result):
+    if not plan.can_await and inspect.isawaitable(result):
         problem = unawaited_error(result)
         error = error_of(problem, reason="unawaited")
         pending = started(plan, claim, ExecutionStatus.FAILED, error=error, retryable=True)
-        yield from _record(ticket, Report.failure(calls, claim, error, True), pending)
+        yield from _record(ticket, Report.failure(sql, claim, error, True), pending)
         raise problem
     try:
         # The result returned is the one a replay reads back (docs/run.md).
-        text, stored = dump_result(result, plan.key, calls.limits, plan.encoder)
+        text, stored = dump_result(result, plan.key, sql.limits, plan.encoder)
     except TooLong as exc:
         # The effect happened and its result is over the limit: the action is recorded
         # unknown (to be reconciled) without the result, as complete_action would record it.
         error = result_too_large(exc.over)
         pending = started(plan, claim, ExecutionStatus.UNKNOWN, error=error)
         return finish(pending, ticket.lease_lost, (yield from _record(
-            ticket, Report.unknown(calls, claim, error), pending)))
+            ticket, Report.unknown(sql, claim, error), pending)))
     except UnstorableResult as exc:
-        yield from _record_unstorable(calls, plan, claim, ticket, exc)
+        yield from _record_unstorable(sql, plan, claim, ticket, exc)
         raise exc from None
     try:
         pending = started(plan, claim, ExecutionStatus.SUCCEEDED, result=stored)
-        outcome = yield from _record(ticket, Report.success(calls, claim, text), pending)
+        outcome = yield from _record(ticket, Report.success(sql, claim, text), pending)
     except InvalidArgument as exc:
         refused = unstorable(plan.key, result, f"the database refused it: {exc}")
-        yield from _record_unstorable(calls, plan, claim, ticket, refused)
+        yield from _record_unstorable(sql, plan, claim, ticket, refused)
         raise refused from None
-    if outcome is ReportOutcome.RECORDED and len(text) > calls.limits.result // STORED_GROWTH:
-        pending = yield from _as_stored(calls, pending)
+    if outcome is ReportOutcome.RECORDED and len(text) > sql.limits.result // STORED_GROWTH:
+        pending = yield from _as_stored(sql, pending)
     return finish(pending, ticket.lease_lost, outcome)
 
 
@@ -572,12 +583,12 @@ def execute(calls: Calls, plan: Plan, claim: Claim, ticket: Ticket) -> Steps[Exe
 STORED_GROWTH = 8
 
 
-def _as_stored(calls: Calls, pending: Execution) -> Steps[Execution]:
+def _as_stored(sql: Statements, pending: Execution) -> Steps[Execution]:
     """A large result within the driver's limit may still be over the database's, which
     measures jsonb: complete_action then records the action ``unknown`` (result_too_large)
     and answers ``recorded``. One read says which (only for results this large)."""
     try:
-        action = yield Send(calls.get(pending.action_key))
+        action = yield Send(sql.get(pending.action_key))
     except RETRY_ERRORS:
         return pending
     if (action is not None and action.state is ActionState.UNKNOWN
@@ -588,11 +599,11 @@ def _as_stored(calls: Calls, pending: Execution) -> Steps[Execution]:
     return pending
 
 
-def _record_unstorable(calls: Calls, plan: Plan, claim: Claim, ticket: Ticket,
+def _record_unstorable(sql: Statements, plan: Plan, claim: Claim, ticket: Ticket,
                        refused: UnstorableResult) -> Steps[ReportOutcome]:
     error = unstorable_error(refused)
     pending = started(plan, claim, ExecutionStatus.UNKNOWN, error=error)
-    return (yield from _record(ticket, Report.unknown(calls, claim, error), pending))
+    return (yield from _record(ticket, Report.unknown(sql, claim, error), pending))
 
 
 def _record(ticket: Ticket, report: Report, pending: Execution) -> Steps[ReportOutcome]:
@@ -601,7 +612,7 @@ def _record(ticket: Ticket, report: Report, pending: Execution) -> Steps[ReportO
     return outcome
 
 
-def record(calls: Calls, report: Report, pending: Execution, ticket: Ticket,
+def record(sql: Statements, report: Report, pending: Execution, ticket: Ticket,
            can_reconnect: bool) -> Steps[ReportOutcome]:
     """Write the attempt's report; after a connection error retry on a fresh connection
     for as long as the lease lasts (the heartbeats keep extending it meanwhile, so an outage
@@ -622,7 +633,7 @@ def record(calls: Calls, report: Report, pending: Execution, ticket: Ticket,
                 break
             yield Sleep(delay)
             try:
-                attempts = yield Send(calls.attempts(pending.action_key))
+                attempts = yield Send(sql.attempts(pending.action_key))
             except RETRY_ERRORS as exc:
                 last = exc
                 continue

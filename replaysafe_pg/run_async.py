@@ -1,4 +1,4 @@
-"""``AsyncLedger.run`` / ``run_many``: the asyncio I/O shell of :mod:`replaysafe_pg.runner`.
+"""``AsyncLedger.run`` / ``run_many``: the asyncio I/O shell of :mod:`replaysafe_pg.run_policy`.
 
 Coroutine functions are awaited; plain functions run in a worker thread
 (``asyncio.to_thread``) so heartbeats and other tasks keep going while they block.
@@ -15,22 +15,22 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
-from replaysafe_pg import _tracing, runner
+from replaysafe_pg import _tracing, run_policy
 from replaysafe_pg._conn import AsyncSource
 from replaysafe_pg._heartbeat import AsyncHeartbeats
 from replaysafe_pg._listen import AsyncSubscription
-from replaysafe_pg.calls import Calls, Statement
 from replaysafe_pg.errors import unavailable
 from replaysafe_pg.execution import Execution
 from replaysafe_pg.models import Claim, ClaimOutcome
-from replaysafe_pg.runner import Plan, Steps
+from replaysafe_pg.run_policy import Plan, Steps
+from replaysafe_pg.statements import Statement, Statements
 
 T = TypeVar("T")
 
 
-async def drive(steps: Steps[T], perform: Callable[[runner.Effect], Awaitable[Any]]) -> T:
-    """See :func:`replaysafe_pg.run.drive`; ``perform`` is a coroutine function."""
-    stepper = runner.Stepper(steps)
+async def drive(steps: Steps[T], perform: Callable[[run_policy.Effect], Awaitable[Any]]) -> T:
+    """See :func:`replaysafe_pg.run_sync.drive`; ``perform`` is a coroutine function."""
+    stepper = run_policy.Stepper(steps)
     while (effect := stepper.effect) is not None:
         try:
             value, error = await perform(effect), None
@@ -42,18 +42,18 @@ async def drive(steps: Steps[T], perform: Callable[[runner.Effect], Awaitable[An
 
 @contextlib.contextmanager
 def _no_raw_errors() -> Iterator[None]:
-    """See :func:`replaysafe_pg.run._no_raw_errors`."""
+    """See :func:`replaysafe_pg.run_sync._no_raw_errors`."""
     try:
         yield
-    except runner.RAW_ERRORS as exc:
+    except run_policy.RAW_ERRORS as exc:
         raise unavailable(exc) from exc
 
 
-class Runner:
+class AsyncRunner:
     """Claims, runs and records for an ``AsyncLedger``."""
 
-    def __init__(self, calls: Calls, source: AsyncSource) -> None:
-        self._calls = calls
+    def __init__(self, sql: Statements, source: AsyncSource) -> None:
+        self._sql = sql
         self._source = source
         self._heartbeats = AsyncHeartbeats(source)
 
@@ -62,13 +62,13 @@ class Runner:
                                                            alone=alone))
 
     async def _claim(self, statement: Statement[T], plan: Plan) -> T:
-        return await drive(runner.claim_within_lease(statement, plan.lease_seconds,
+        return await drive(run_policy.claim_within_lease(statement, plan.lease_seconds,
                                                      self._source.can_reconnect), self._perform)
 
     async def run(self, plan: Plan) -> Execution:
         with _tracing.span(plan.operation) as span, _no_raw_errors():
-            claim = await self._claim(plan.claim, plan)
-            return runner.traced(span, await self._resolve(plan, claim))
+            claim = await self._claim(run_policy.claim_one(self._sql, plan), plan)
+            return run_policy.traced(span, await self._resolve(plan, claim))
 
     async def run_many(self, plans: list[Plan]) -> list[Execution]:
         if not plans:
@@ -77,65 +77,65 @@ class Runner:
             return await self._run_many(plans)
 
     async def _run_many(self, plans: list[Plan]) -> list[Execution]:
-        claims = await self._claim(runner.claim_many(self._calls, plans), plans[0])
-        out, work = runner.to_run(plans, claims)
+        claims = await self._claim(run_policy.claim_many(self._sql, plans), plans[0])
+        out, work = run_policy.to_run(plans, claims)
         done = await asyncio.gather(*(self._resolve_traced(plans[i], claims[i]) for i in work),
                                     return_exceptions=True)
         for i, value in zip(work, done, strict=True):
             out[i] = value
-        return runner.collected(out)
+        return run_policy.collected(out)
 
     async def _resolve_traced(self, plan: Plan, claim: Claim) -> Execution:
         with _tracing.span(plan.operation) as span:
-            return runner.traced(span, await self._resolve(plan, claim))
+            return run_policy.traced(span, await self._resolve(plan, claim))
 
     async def _resolve(self, plan: Plan, claim: Claim) -> Execution:
         aside = False  # as the sync Runner: a waiter's claim is recorded beside the caller's
         if claim.outcome is ClaimOutcome.RUNNING and plan.wait_timeout > 0:
             claim, aside = await self._wait(plan, claim), True
         if claim.outcome is ClaimOutcome.CLAIMED:
-            ticket = runner.heartbeat_ticket(self._calls, plan, claim)
+            ticket = run_policy.heartbeat_ticket(self._sql, plan, claim)
             self._heartbeats.start(ticket)
             try:
-                return await drive(runner.execute(self._calls, plan, claim, ticket),
+                return await drive(run_policy.execute(self._sql, plan, claim, ticket),
                                    lambda effect: self._perform(effect, aside=aside))
             finally:
                 self._heartbeats.stop(ticket)
-        return runner.answered(plan, claim)
+        return run_policy.answered(plan, claim)
 
     async def _wait(self, plan: Plan, claim: Claim) -> Claim:
         deadline = time.monotonic() + plan.wait_timeout
         subscription = AsyncSubscription(await self._source.listener())
         try:
-            return await drive(runner.wait(plan, claim, deadline, self._source.can_reconnect),
+            return await drive(run_policy.wait(self._sql, plan, claim, deadline, self._source.can_reconnect),
                                lambda effect: self._perform(effect, subscription, aside=True))
         finally:
             subscription.drop()
 
-    async def _perform(self, effect: runner.Effect,
+    async def _perform(self, effect: run_policy.Effect,
                        subscription: AsyncSubscription | None = None, *,
                        aside: bool = False) -> Any:
         match effect:
-            case runner.Send(statement, alone):
-                if aside:  # see Runner._perform of replaysafe_pg.run
+            case run_policy.Send(statement, alone):
+                if aside:  # see Runner._perform of replaysafe_pg.run_sync
                     return statement.decode(await self._source.execute_aside(
                         statement.query, statement.params, alone=alone))
                 return await self._send(statement, alone)
-            case runner.Listen(key):
+            case run_policy.Listen(key):
                 assert subscription is not None
                 await subscription.subscribe(key)
                 return None
-            case runner.Notified(seconds):
+            case run_policy.Notified(seconds):
                 assert subscription is not None
                 await subscription.wait(seconds)
                 return None
-            case runner.Sleep(seconds):
+            case run_policy.Sleep(seconds):
                 await asyncio.sleep(seconds)
                 return None
-            case runner.RunTool(plan, kwargs):
+            case run_policy.RunTool(plan, kwargs):
                 return await _call_within(plan, kwargs)
-            case runner.Record(report, pending, ticket):
-                steps = runner.record(self._calls, report, pending, ticket,
+            case run_policy.Record(report, pending, ticket):
+                steps = run_policy.record(self._sql, report, pending, ticket,
                                       self._source.can_reconnect)
                 return await asyncio.shield(
                     drive(steps, lambda effect: self._perform(effect, aside=aside)))
@@ -152,7 +152,7 @@ async def _call_within(plan: Plan, kwargs: dict[str, Any]) -> Any:
     except TimeoutError:
         if not limit.expired():
             raise  # the tool's own TimeoutError: an ordinary failure
-        raise runner.ToolTimedOut from None
+        raise run_policy.ToolTimedOut from None
 
 
 async def _call(plan: Plan, kwargs: dict[str, Any]) -> Any:
