@@ -1,5 +1,5 @@
 """Soak: mixed load on the ledger for ``--minutes`` (default 10) while the database keeps
-going away; counts what went wrong and the latency per minute (issue 11; the table in
+going away; counts what went wrong and the latency per minute (the table in
 docs/guarantees.md, "Faults, measured").
 
 Load, through a TCP proxy (tests/helpers/proxy.py) in front of a Postgres of its own (fsync

@@ -182,8 +182,8 @@ def test_two_ledgers_sharing_one_connection_across_threads_get_their_own_rows(ds
     """docs/python.md: one driver object per tenant, "making another is cheap"; a caller's
     connection may be shared by the caller's threads. Four Ledgers on one connection have a
     lock each: a statement takes its cursor out of the connection's cache while it runs, so
-    no other thread runs the same query on it meanwhile (the review of the cursor cache: with
-    the cursor left in the cache, threads read each other's results or none)."""
+    no other thread runs the same query on it meanwhile (with the cursor left in the cache,
+    threads read each other's results or none)."""
     old = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)
     try:

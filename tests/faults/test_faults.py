@@ -1,4 +1,4 @@
-"""The fault suite (issue 11; docs/guarantees.md, "Faults, measured"): storms through
+"""The fault suite (docs/guarantees.md, "Faults, measured"): storms through
 ``Ledger.run``, ``AsyncLedger.run`` and ``Threads.write`` while the database goes away in
 every way we know: connections cut by a proxy every 0.15-0.35 s, new ones refused, backends
 terminated at random, a low ``statement_timeout``, Postgres crash-stopped

@@ -1,7 +1,7 @@
 """The COLLATE guard of the tenant check (docs/isolation.md): every argument of a PL/pgSQL call
 carries the call's collation, and so does the name ``pg_collation_for`` returns. Compared
 under the caller's collation, an attacker's nondeterministic one could make its own name
-equal '"default"' and its tenant id equal another's (revision 0008's security review): every
+equal '"default"' and its tenant id equal another's: every
 such comparison in the schema is made under "C"."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Every replaysafe function is single-key (STYLE 8, issue 15): each statement touches one
+"""Every replaysafe function is single-key (STYLE 8): each statement touches one
 tenant's rows, and of those one key, so that a function distributed by p_tenant_id (Citus)
 runs whole on the worker holding its tenant. The rule and the checker:
 tests/helpers/single_key.py; docs/isolation.md says how to read a failure."""
