@@ -131,10 +131,11 @@ def alembic_config(dsn: str | None = None) -> Config:
 # replaysafe table is in Citus's pg_dist_partition) no revision script runs, up or down: a
 # script re-creates objects as a single node has them — _caller and _reader with bindings
 # looked up by role OID, which on a worker node is another role's OID (a worker bound there
-# would act as whichever role has that OID) — and classifies no new table for Citus. Upgrading a distributed installation needs a
-# release that does it together with citus.sql and was tried on a cluster; until then it is
-# refused before anything changes. Prepended to every revision script, online and offline
-# (the inner IF is planned only where Citus's catalog exists).
+# would act as whichever role has that OID) — and classifies no new table for Citus.
+# Upgrading a distributed installation needs a release that does it together with citus.sql
+# and was tried on a cluster; until then it is refused before anything changes. Prepended to
+# every revision script, online and offline (the inner IF is planned only where Citus's
+# catalog exists).
 CITUS_MIGRATION_GUARD_SQL = """DO $citus_guard$
 DECLARE
     v_distributed boolean := pg_catalog.to_regclass('replaysafe.role_binding_nodes') IS NOT NULL;

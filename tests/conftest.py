@@ -26,7 +26,7 @@ import replaysafe_pg
 from replaysafe_pg import embedded
 
 # Test-only settings: durability off, so cloning databases is cheap. Benchmarks use their
-# own server with the defaults. Prepared transactions: tests/sql/test_probe.py.
+# own server with the defaults. Prepared transactions: tests/sql/isolation/test_restricted_operation_probe.py.
 FAST_SETTINGS = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off",
                  "max_connections": "200", "max_prepared_transactions": "10"}
 

@@ -199,7 +199,7 @@ def test_single_tenant_functions_are_delegated_by_p_tenant_id_and_no_other_is(
     names = [re.match(r"replaysafe\.(\w+)\(", c["function_name"]).group(1)  # type: ignore[union-attr]
              for c in calls]
     # Every function on every node, once, but the bindings' writers: on a worker they would
-    # store that node's role OIDs where the sync reads the coordinator's (security review).
+    # store that node's role OIDs where the sync reads the coordinator's.
     coordinator_only = {"bind_role_to_tenant", "unbind_role", "bind_role_to_all_tenants"}
     assert coordinator_only <= set(functions)
     assert sorted(names) == sorted(set(functions) - coordinator_only)
@@ -246,7 +246,7 @@ NEXT_REVISION = "CREATE TABLE replaysafe.next_rows (tenant_id text PRIMARY KEY);
 
 def test_a_distributed_installation_takes_no_revision_script(citus_db: str, conn: Conn,
                                                              tmp_path: Path) -> None:
-    """The security review's F1: a revision script run on a distributed installation would
+    """Finding Citus-F1: a revision script run on a distributed installation would
     re-create _caller/_reader with role-OID lookups (wrong on a worker node). Every script,
     up or down, is refused before it changes anything."""
     head, previous = schema.head_revision(), schema.revisions()[-2].revision

@@ -165,8 +165,8 @@ def test_0007_downgrade_writes_every_first_attempts_row(empty_dsn: str) -> None:
 
 def test_the_downgrade_waits_for_a_claim_in_flight(empty_dsn: str) -> None:
     """The downgrade locks the actions first: a worker's open claim (0007 code, no attempt
-    row) commits before the rows are written, so 0006 finds a row for it (security review:
-    without the lock, claims committed during the downgrade were left without one)."""
+    row) commits before the rows are written, so 0006 finds a row for it (without
+    the lock, claims committed during the downgrade were left without one)."""
     dsn = empty_dsn
     replaysafe_pg.migrate(dsn)
     with psycopg.connect(dsn, autocommit=True) as conn, psycopg.connect(dsn) as worker:

@@ -24,6 +24,7 @@ def tok(name: str) -> str:
 
 TOK1, TOK2, TOK9 = tok("tok-1"), tok("tok-2"), tok("tok-9")
 
+
 CLAIM = ("SELECT outcome, attempt, lease_expires_at, attempt_token FROM replaysafe.claim_action("
          "p_tenant_id => %(tenant)s, p_action_key => %(key)s, p_operation => 'refund', "
          "p_request => '{}', p_worker_id => %(worker)s, p_lease => %(lease)s::interval, "
@@ -168,12 +169,3 @@ def test_claim_actions_refuses_a_token_array_of_another_length(worker_a: Conn,
     assert sqlstate(worker_a, CLAIM_MANY, (["a", "b"], ["refund"] * 2, ["{}"] * 2,
                                            tokens)) == "RS005"
     assert worker_a.execute("SELECT count(*) FROM replaysafe.actions_v").fetchone() == (0,)
-
-
-def test_a_collate_clause_on_the_token_is_refused(worker_a: Conn) -> None:
-    """A caller's own collation would decide which tokens are equal (tests/sql/test_collation.py)."""
-    assert claim(worker_a, "k", TOK1)[0] == "claimed"
-    assert sqlstate(worker_a, "SELECT replaysafe.claim_action(p_tenant_id => 'A', "
-                    "p_action_key => 'k', p_operation => 'refund', p_request => '{}', "
-                    "p_worker_id => 'w1', p_claim_token => %s COLLATE \"C\")",
-                    (TOK1.upper(),)) == "RS005"
