@@ -1,5 +1,5 @@
 """``python -m replaysafe_pg.cli``: the ``replaysafe-pg`` command."""
 
-from replaysafe_pg.cli.commands import main
+from replaysafe_pg.cli.app import main
 
 main()

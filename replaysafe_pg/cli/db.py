@@ -21,10 +21,9 @@ from typing import Any
 
 import psycopg
 
-from replaysafe_pg import schema
+from replaysafe_pg import embedded, schema
 from replaysafe_pg._conn import connectable, open_connection
 from replaysafe_pg._dsn import redact
-from replaysafe_pg.cli import embedded
 from replaysafe_pg.errors import InvalidArgument
 
 

@@ -150,6 +150,21 @@ def test_actions_show_unknown_key_is_one_clear_line(dsn: str) -> None:
                           "no action nope for tenant t9")
 
 
+def test_actions_show_prints_attempt_times_like_every_other_table(dsn: str) -> None:
+    """actions show prints its attempts' times as every table does ('2026-01-01
+    12:00:00+00:00', never ISO 'T12:00'), actions list too."""
+    with Ledger(dsn, tenant_id="t1") as led:
+        _succeeded(led, "k0")
+    human = run("actions", "show", "k0", "--tenant", "t1", dsn=dsn).stdout
+    attempts = human.split("attempts:\n", 1)[1].splitlines()
+    assert attempts[1].split()[2:6] == [
+        "2026-01-01", "12:00:00+00:00", "2026-01-01",
+        "12:00:01+00:00"], attempts
+    assert "T12:00" not in human
+    listed = run("actions", "list", dsn=dsn).stdout
+    assert "2026-01-01 12:00:00+00:00" in listed
+
+
 # --- audit -----------------------------------------------------------------------------------
 
 def test_audit_exit_status_is_zero_when_nothing_needs_attention(dsn: str) -> None:
@@ -303,6 +318,15 @@ def test_global_options_after_the_subcommand_and_from_the_environment(dsn: str) 
     assert run("audit", "--json", "--dsn", dsn).stdout.strip().startswith("{")
     from_env = run("--json", "sweep", env={"REPLAYSAFE_DSN": dsn})
     assert from_env.exit_code == 0 and from_env.stdout.strip().startswith("{")
+
+
+def test_dsn_on_the_command_line_wins_over_the_environment_at_every_level(
+        dsn: str, empty_dsn: str) -> None:
+    """A --dsn before the subcommand is not replaced by REPLAYSAFE_DSN, which the subcommand
+    reads again; without --dsn the environment's is used."""
+    result = run("--dsn", dsn, "audit", env={"REPLAYSAFE_DSN": empty_dsn})
+    assert result.exit_code == 0, result.stderr
+    assert run("audit", env={"REPLAYSAFE_DSN": empty_dsn}).exit_code == 2
 
 
 def test_doctor_lists_objects_the_migration_did_not_create_or_another_role_owns(

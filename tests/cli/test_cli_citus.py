@@ -1,6 +1,6 @@
 """``replaysafe-pg migrate --citus`` (docs/scale-out.md) where Citus is not installed — every
 database here: the refusal, the printed script, the options that go with it. The
-distribution itself is tested against stand-ins in tests/sql/test_citus.py."""
+distribution itself is tested against stand-ins in tests/sql/citus/test_citus_script.py."""
 
 from __future__ import annotations
 

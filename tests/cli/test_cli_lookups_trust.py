@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 from helpers.cli import assert_one_line_error, run
 
-from replaysafe_pg.cli.commands import CliError, load_lookups
+from replaysafe_pg.cli.lookups import load_lookups
+from replaysafe_pg.cli.plumbing import CliError
 
 OTHER_UID = 65534  # nobody
 

@@ -24,7 +24,7 @@ from helpers.cli import assert_one_line_error, console_script, run, run_json, sc
 from psycopg import conninfo as pg_conninfo
 
 from replaysafe_pg import Ledger
-from replaysafe_pg.cli.commands import ReconcileBatch, Stop, reconcile_loop
+from replaysafe_pg.cli.reconcile_loop import ReconcileBatch, Stop, reconcile_loop
 from replaysafe_pg.reconcile import ReconcileOutcome, Reconciliation
 
 LOOKUPS = '''

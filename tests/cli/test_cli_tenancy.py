@@ -14,7 +14,7 @@ from helpers.db import bind, dsn_as
 
 import replaysafe_pg
 from replaysafe_pg import Ledger
-from replaysafe_pg.cli.commands import offline_sql
+from replaysafe_pg.cli.migrate_commands import offline_sql
 
 
 def _seed(dsn: str) -> None:
