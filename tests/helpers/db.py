@@ -1,6 +1,6 @@
 """One cloned database shared by a test module (a clone per test costs ~0.3 s each), a
 reset that empties the ledger between tests that share it, and connecting as (and binding)
-the LOGIN roles of the isolation tests."""
+the LOGIN roles of the isolation tests, and what they are refused."""
 
 from __future__ import annotations
 
@@ -156,3 +156,12 @@ def bind_to_all_tenants(dsn: str, role: str) -> None:
     """Let ``role`` act for every tenant (``bind_role_to_all_tenants``), as the schema owner."""
     with psycopg.connect(dsn, autocommit=True) as c:
         c.execute("SELECT replaysafe.bind_role_to_all_tenants(p_role => %s)", (role,))
+
+
+def refused(conn: psycopg.Connection[Any], sql: str, *args: Any) -> None:
+    """``sql`` (its arguments positional) is refused with RS004: not the caller's."""
+    import pytest
+
+    with pytest.raises(psycopg.Error) as raised:
+        conn.execute(sql, args)
+    assert raised.value.sqlstate == "RS004", raised.value

@@ -1,8 +1,11 @@
-"""Helpers for the thread tests that must be importable from spawned processes."""
+"""Helpers for the thread tests: ``increment`` must be importable from spawned processes;
+``table_counts`` counts what the owner stores."""
 
 from __future__ import annotations
 
 from typing import Any
+
+import psycopg
 
 from replaysafe_pg import StaleStateError, Threads
 
@@ -30,3 +33,11 @@ def increment(dsn: str, tenant_id: str, thread_id: str, writer: str,
                     continue
                 break
     return versions, stale
+
+
+def table_counts(conn: psycopg.Connection[Any]) -> tuple[int, int]:
+    """Rows of replaysafe.threads and replaysafe.thread_versions (on an owner's connection)."""
+    row = conn.execute("SELECT (SELECT count(*) FROM replaysafe.threads), "
+                       "(SELECT count(*) FROM replaysafe.thread_versions)").fetchone()
+    assert row is not None
+    return row[0], row[1]

@@ -1,5 +1,5 @@
-"""Fixtures of the sql tier (shared by its subdirectories: ledger/, threads/, langgraph/,
-isolation/, limits/, citus/)."""
+"""Fixtures of the sql tier shared across its subdirectories (ledger/, threads/, langgraph/,
+isolation/, limits/, citus/); a subdirectory's own in its conftest.py."""
 
 from __future__ import annotations
 
@@ -12,21 +12,71 @@ from typing import Any
 import psycopg
 import pytest
 from helpers.db import bind, connect_as
+from helpers.seeded_tenants import seed_claimed_tenants
+
+import replaysafe_pg
+
+Conn = psycopg.Connection[Any]
 
 
 @pytest.fixture
-def worker_a(world: str, make_role: Callable[..., str]) -> Iterator[psycopg.Connection[Any]]:
-    """A LOGIN role in replaysafe_worker bound to tenant A, connected, over the module's
-    own `world` (each module seeds its tenants its way)."""
+def worker_a(dsn: str, make_role: Callable[..., str]) -> Iterator[psycopg.Connection[Any]]:
+    """A LOGIN role in replaysafe_worker bound to tenant A, connected to the test's database
+    (``dsn``). It seeds nothing: a test asks for the world it needs besides (``seeded_world``,
+    ``claimed_world`` or its module's own ``world``, each seeding ``dsn``)."""
     role = make_role("replaysafe_worker")
-    bind(world, role, "A")
-    with connect_as(world, role) as c:
+    bind(dsn, role, "A")
+    with connect_as(dsn, role) as c:
         yield c
 
 
-# --- a hostile search path: overloads of the built-ins, pg_temp domains of the base types ------
+@pytest.fixture
+def claimed_world(dsn: str) -> str:
+    """Tenants A and B, each with a live claim (token known only to its claimer), a finished
+    action, an expired lease, an old finished action, a multi-effect action and a thread
+    (helpers.seeded_tenants.seed_claimed_tenants)."""
+    seed_claimed_tenants(dsn)
+    return dsn
 
-Conn = psycopg.Connection[Any]
+
+@pytest.fixture
+def two_workers(dsn: str, make_role: Callable[..., str]) -> Iterator[tuple[Conn, Conn, Conn]]:
+    """Worker 1 and worker 2 of tenant A (LOGIN roles in replaysafe_worker), and a listener."""
+    roles = [make_role("replaysafe_worker") for _ in range(2)]
+    for role in roles:
+        bind(dsn, role, "A")
+    with connect_as(dsn, roles[0]) as w1, connect_as(dsn, roles[1]) as w2, \
+            psycopg.connect(dsn, autocommit=True) as listener:
+        listener.execute("LISTEN replaysafe_actions")
+        yield w1, w2, listener
+
+
+@pytest.fixture
+def new_db_at(admin_dsn: str) -> Iterator[Callable[[str], str]]:
+    """Make a database migrated up to a revision (an older one, to show what it did); dropped
+    after the test."""
+    import uuid
+
+    from psycopg import conninfo
+
+    made: list[str] = []
+
+    def make(revision: str) -> str:
+        name = f"rs_tok_{uuid.uuid4().hex[:10]}"
+        with psycopg.connect(admin_dsn, autocommit=True) as c:
+            c.execute(f'CREATE DATABASE "{name}"')
+        made.append(name)
+        dsn = conninfo.make_conninfo(admin_dsn, dbname=name)
+        replaysafe_pg.migrate(dsn, revision)
+        return dsn
+
+    yield make
+    with psycopg.connect(admin_dsn, autocommit=True) as c:
+        for name in made:
+            c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+# --- a hostile search path: overloads of the built-ins, pg_temp domains of the base types ------
 
 # Concrete stand-ins for polymorphic argument types, so an overload is an exact match.
 POLY = {"anyelement": ["text", "integer", "jsonb"], "anycompatible": ["text", "integer", "jsonb"],

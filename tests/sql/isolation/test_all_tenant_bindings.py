@@ -6,15 +6,27 @@ The all-tenant sweep and purge: test_shared_sweep_and_purge.py."""
 
 from __future__ import annotations
 
-import contextlib
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pytest
-from helpers.db import bind, bind_to_all_tenants, connect_as, owner_rows, sqlstate
+from helpers.db import bind, bind_to_all_tenants, owner_rows, sqlstate
 from helpers.grants import table_state
+from helpers.seeded_tenants import VIEWS
+from helpers.shared_batches import (
+    CLAIM,
+    PURGE,
+    SWEEP,
+    claim,
+    complete,
+    expired_leases,
+    finished_actions,
+    one,
+    state_of,
+    states,
+)
 from psycopg import sql
 
 import replaysafe_pg
@@ -28,72 +40,7 @@ MakeRole = Callable[..., str]
 Login = Callable[..., Conn]
 
 
-VIEWS = ("actions_v", "action_attempts_v", "unresolved_actions", "multi_effect_actions",
-         "threads_v")
-
-
-@pytest.fixture
-def login(dsn: str) -> Iterator[Login]:
-    """Connect (autocommit) as a role, to the test's database or to ``db``; closed after."""
-    with contextlib.ExitStack() as stack:
-        def connect(role: str, db: str = dsn) -> Conn:
-            return stack.enter_context(connect_as(db, role))
-        yield connect
-
-
 # --- writing as the schema owner (who may pass any p_now) ----------------------------------
-
-CLAIM = ("SELECT outcome, attempt, attempt_token FROM replaysafe.claim_action("
-         "p_tenant_id => %(t)s, p_action_key => %(k)s, p_operation => 'refund', "
-         "p_request => '{}', p_worker_id => 'w', p_lease => %(lease)s::interval, "
-         "p_on_expired => %(on_expired)s, p_now => clock_timestamp() - %(ago)s::interval)")
-
-
-COMPLETE = ("SELECT replaysafe.complete_action(p_tenant_id => %(t)s, p_action_key => %(k)s, "
-            "p_attempt => %(attempt)s, p_attempt_token => %(token)s, p_result => '{}', "
-            "p_now => clock_timestamp() - %(ago)s::interval)")
-
-
-def claim(c: Conn, tenant: str, key: str, *, lease: str = "1 hour", ago: str = "0",
-          on_expired: str = "unknown") -> tuple[int, str]:
-    """A claim that must answer ``claimed``: its attempt and attempt token."""
-    row = c.execute(CLAIM, {"t": tenant, "k": key, "lease": lease, "ago": ago,
-                            "on_expired": on_expired}).fetchone()
-    assert row is not None and row[0] == "claimed", row
-    return int(row[1]), str(row[2])
-
-
-def complete(c: Conn, tenant: str, key: str, attempt: int, token: str, *,
-             ago: str = "0") -> str:
-    row = c.execute(COMPLETE, {"t": tenant, "k": key, "attempt": attempt, "token": token,
-                               "ago": ago}).fetchone()
-    assert row is not None
-    return str(row[0])
-
-
-def expired_leases(c: Conn, tenant: str, n: int, *, ago: str, prefix: str = "lease") -> None:
-    """``n`` running actions of ``tenant`` whose 1-second leases ran out ``ago``."""
-    row = c.execute(
-        "SELECT count(*) FROM generate_series(1, %(n)s) g, LATERAL replaysafe.claim_action("
-        "p_tenant_id => %(t)s, p_action_key => %(p)s || '_' || g, p_operation => 'refund', "
-        "p_request => '{}', p_worker_id => 'w', p_lease => '1 second', "
-        "p_now => clock_timestamp() - %(ago)s::interval) cl WHERE cl.outcome = 'claimed'",
-        {"n": n, "t": tenant, "p": prefix, "ago": ago}).fetchone()
-    assert row == (n,)
-
-
-def finished_actions(c: Conn, tenant: str, n: int, *, ago: str, prefix: str = "done") -> None:
-    """``n`` succeeded actions of ``tenant``, completed ``ago``."""
-    row = c.execute(
-        "SELECT count(*) FROM generate_series(1, %(n)s) g, LATERAL replaysafe.claim_action("
-        "p_tenant_id => %(t)s, p_action_key => %(p)s || '_' || g, p_operation => 'refund', "
-        "p_request => '{}', p_worker_id => 'w', p_lease => '1 hour', "
-        "p_now => clock_timestamp() - %(ago)s::interval) cl, LATERAL replaysafe.complete_action("
-        "p_tenant_id => %(t)s, p_action_key => %(p)s || '_' || g, p_attempt => cl.attempt, "
-        "p_attempt_token => cl.attempt_token, p_result => '{}', "
-        "p_now => clock_timestamp() - %(ago)s::interval) r(outcome) WHERE r.outcome = 'recorded'",
-        {"n": n, "t": tenant, "p": prefix, "ago": ago}).fetchone()
-    assert row == (n,)
 
 
 def seed_views(dsn: str, *tenants: str) -> None:
@@ -129,24 +76,6 @@ def everywhere(*tenants: str) -> dict[str, set[str]]:
     return {v: set(tenants) for v in VIEWS}
 
 
-def states(dsn: str) -> Counter[tuple[str, str]]:
-    """(tenant, state) -> number of actions, read as the owner."""
-    return Counter({(t, s): n for t, s, n in owner_rows(
-        dsn, "SELECT tenant_id, state::text, count(*) FROM replaysafe.actions GROUP BY 1, 2")})
-
-
-def state_of(dsn: str, tenant: str, key: str) -> str | None:
-    rows = owner_rows(dsn, "SELECT state::text FROM replaysafe.actions "
-                           "WHERE tenant_id = %s AND action_key = %s", (tenant, key))
-    return rows[0][0] if rows else None
-
-
-def one(c: Conn, query: str, params: Any = None) -> Any:
-    row = c.execute(query.encode(), params).fetchone()
-    assert row is not None
-    return row[0]
-
-
 def all_tenant_roles(dsn: str) -> list[str]:
     return [r[0] for r in owner_rows(dsn, "SELECT role_name FROM replaysafe.all_tenant_roles "
                                           "ORDER BY 1")]
@@ -161,25 +90,19 @@ RESOLVE = ("SELECT replaysafe.resolve_action(p_tenant_id => %s, p_action_key => 
            "p_state => 'succeeded', p_result => '{}')")
 
 
-SWEEP = "SELECT replaysafe.sweep_expired_actions(p_limit => %s)"
-
-
-PURGE = "SELECT replaysafe.purge_actions(p_older_than => '0', p_limit => %s)"
-
-
 BIND_ALL = "SELECT replaysafe.bind_role_to_all_tenants(p_role => %s)"
 
 
 # --- bind_role_to_all_tenants, unbind_role, bind_role_to_tenant --------------------------
 
 def test_only_the_schema_owner_binds_a_role_to_all_tenants(dsn: str, make_role: MakeRole,
-                                                          login: Login,
+                                                          login_as: Login,
                                                           admin_dsn: str) -> None:
     target = make_role("replaysafe_auditor")
     operator = make_role("replaysafe_operator")
     bind_to_all_tenants(dsn, operator)  # even a role that acts for every tenant
     # EXECUTE is the owner's alone.
-    assert sqlstate(login(operator), BIND_ALL, (target,)) == "42501"
+    assert sqlstate(login_as(operator), BIND_ALL, (target,)) == "42501"
     # A privilege granted by mistake opens nothing, nor does superuser power without
     # membership in the schema owner.
     mistake = sql.SQL("{} EXECUTE ON FUNCTION replaysafe.bind_role_to_all_tenants(text) {} {}")
@@ -190,7 +113,7 @@ def test_only_the_schema_owner_binds_a_role_to_all_tenants(dsn: str, make_role: 
         owner.execute(mistake.format(sql.SQL("GRANT"), sql.SQL("TO"), sql.Identifier(operator)))
         try:
             for caller in (operator, superuser):
-                assert sqlstate(login(caller), BIND_ALL, (target,)) == "RS004", caller
+                assert sqlstate(login_as(caller), BIND_ALL, (target,)) == "RS004", caller
         finally:  # the role is dropped after the test: nothing of it may stay behind
             owner.execute(mistake.format(sql.SQL("REVOKE"), sql.SQL("FROM"),
                                          sql.Identifier(operator)))
@@ -223,11 +146,11 @@ def test_bind_role_to_all_tenants_refuses_group_roles_issuers_and_the_owner(
 
 
 def test_unbind_role_removes_an_all_tenant_binding(dsn: str, make_role: MakeRole,
-                                                   login: Login) -> None:
+                                                   login_as: Login) -> None:
     seed_views(dsn, "A", "B")
     auditor = make_role("replaysafe_auditor")
     bind_to_all_tenants(dsn, auditor)
-    c = login(auditor)
+    c = login_as(auditor)
     assert seen(c) == everywhere("A", "B")
     with psycopg.connect(dsn, autocommit=True) as owner:
         assert one(owner, "SELECT replaysafe.unbind_role(p_role => %s)", (auditor,)) is True
@@ -237,10 +160,10 @@ def test_unbind_role_removes_an_all_tenant_binding(dsn: str, make_role: MakeRole
 
 
 def test_a_tenant_binding_and_an_all_tenant_binding_replace_each_other(
-        dsn: str, make_role: MakeRole, login: Login) -> None:
+        dsn: str, make_role: MakeRole, login_as: Login) -> None:
     seed_views(dsn, "A", "B")
     auditor = make_role("replaysafe_auditor")
-    c = login(auditor)
+    c = login_as(auditor)
     bind_to_all_tenants(dsn, auditor)
     assert seen(c) == everywhere("A", "B")
     bind(dsn, auditor, "A")  # moves it to one tenant: the all-tenant binding goes
@@ -253,7 +176,7 @@ def test_a_tenant_binding_and_an_all_tenant_binding_replace_each_other(
 
 
 def test_an_all_tenant_binding_belongs_to_the_role_not_its_name(
-        dsn: str, make_role: MakeRole, login: Login, admin_dsn: str) -> None:
+        dsn: str, make_role: MakeRole, login_as: Login, admin_dsn: str) -> None:
     seed_views(dsn, "A", "B")
     auditor = make_role("replaysafe_auditor")
     bind_to_all_tenants(dsn, auditor)
@@ -261,7 +184,7 @@ def test_an_all_tenant_binding_belongs_to_the_role_not_its_name(
         name = sql.Identifier(auditor)
         admin.execute(sql.SQL("DROP ROLE {}").format(name))
         admin.execute(sql.SQL("CREATE ROLE {} LOGIN IN ROLE replaysafe_auditor").format(name))
-    assert seen(login(auditor)) == everywhere()  # a new role of the same name: nothing
+    assert seen(login_as(auditor)) == everywhere()  # a new role of the same name: nothing
     with psycopg.connect(dsn, autocommit=True) as owner:  # the binding left behind goes
         assert one(owner, "SELECT replaysafe.unbind_role(p_role => %s)", (auditor,)) is True
     assert all_tenant_roles(dsn) == []
@@ -270,19 +193,19 @@ def test_an_all_tenant_binding_belongs_to_the_role_not_its_name(
 # --- no implicit all-tenant reading or acting --------------------------------------------
 
 def test_an_unbound_auditor_reads_nothing_until_bound_to_all_tenants(
-        dsn: str, make_role: MakeRole, login: Login) -> None:
+        dsn: str, make_role: MakeRole, login_as: Login) -> None:
     seed_views(dsn, "A", "B")
     with psycopg.connect(dsn, autocommit=True) as owner:
         assert seen(owner) == everywhere("A", "B")  # every view has rows of both
     auditor = make_role("replaysafe_auditor")
-    c = login(auditor)
+    c = login_as(auditor)
     assert seen(c) == everywhere()
     bind_to_all_tenants(dsn, auditor)
     assert seen(c) == everywhere("A", "B")
 
 
 def test_an_unbound_operator_acts_for_no_tenant_until_bound_to_all_tenants(
-        dsn: str, make_role: MakeRole, login: Login) -> None:
+        dsn: str, make_role: MakeRole, login_as: Login) -> None:
     with psycopg.connect(dsn, autocommit=True) as owner:
         for t in ("A", "B"):
             attempt, token = claim(owner, t, "lost")
@@ -292,7 +215,7 @@ def test_an_unbound_operator_acts_for_no_tenant_until_bound_to_all_tenants(
             expired_leases(owner, t, 1, ago="1 hour")
             finished_actions(owner, t, 1, ago="1 hour")
     operator = make_role("replaysafe_operator")
-    c = login(operator)
+    c = login_as(operator)
     before = table_state(dsn)
     for t in ("A", "B"):
         assert sqlstate(c, RESOLVE, (t, "lost")) == "RS004", t
@@ -312,9 +235,9 @@ def test_an_unbound_operator_acts_for_no_tenant_until_bound_to_all_tenants(
 
 
 def test_an_all_tenant_worker_claims_for_any_tenant_within_the_worker_duty(
-        dsn: str, make_role: MakeRole, login: Login) -> None:
+        dsn: str, make_role: MakeRole, login_as: Login) -> None:
     worker = make_role("replaysafe_worker")
-    c = login(worker)
+    c = login_as(worker)
     params = {"k": "job", "lease": "1 minute", "ago": "0", "on_expired": "unknown"}
     assert sqlstate(c, CLAIM, {"t": "A", **params}) == "RS004"
     bind_to_all_tenants(dsn, worker)
@@ -327,7 +250,7 @@ def test_an_all_tenant_worker_claims_for_any_tenant_within_the_worker_duty(
 
 
 def test_a_tenant_binding_of_the_login_wins_over_an_all_tenant_role_it_sets(
-        dsn: str, make_role: MakeRole, login: Login) -> None:
+        dsn: str, make_role: MakeRole, login_as: Login) -> None:
     seed_views(dsn, "A", "B")
     with psycopg.connect(dsn, autocommit=True) as owner:
         for t in ("A", "B"):
@@ -336,7 +259,7 @@ def test_a_tenant_binding_of_the_login_wins_over_an_all_tenant_role_it_sets(
     bind_to_all_tenants(dsn, everyone)
     bound = make_role(everyone)
     bind(dsn, bound, "A")
-    c = login(bound)
+    c = login_as(bound)
     assert seen(c) == everywhere("A")
     c.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(everyone)))
     assert seen(c) == everywhere("A")
@@ -349,13 +272,13 @@ def test_a_tenant_binding_of_the_login_wins_over_an_all_tenant_role_it_sets(
 
 
 def test_a_tenant_binding_of_the_current_role_wins_over_the_logins_all_tenant_binding(
-        dsn: str, make_role: MakeRole, login: Login) -> None:
+        dsn: str, make_role: MakeRole, login_as: Login) -> None:
     seed_views(dsn, "A", "B")
     bound_b = make_role("replaysafe_auditor", "replaysafe_operator")
     bind(dsn, bound_b, "B")
     everyone = make_role("replaysafe_auditor", "replaysafe_operator", bound_b)
     bind_to_all_tenants(dsn, everyone)
-    c = login(everyone)
+    c = login_as(everyone)
     assert seen(c) == everywhere("A", "B")
     c.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(bound_b)))
     assert seen(c) == everywhere("B")
@@ -364,12 +287,12 @@ def test_a_tenant_binding_of_the_current_role_wins_over_the_logins_all_tenant_bi
 
 
 def test_an_all_tenant_binding_is_not_inherited_by_the_roles_members(
-        dsn: str, make_role: MakeRole, login: Login) -> None:
+        dsn: str, make_role: MakeRole, login_as: Login) -> None:
     seed_views(dsn, "A", "B")
     everyone = make_role("replaysafe_auditor", "replaysafe_operator")
     bind_to_all_tenants(dsn, everyone)
     member = make_role(everyone)
-    c = login(member)
+    c = login_as(member)
     assert seen(c) == everywhere()
     assert sqlstate(c, RESOLVE, ("A", "lost")) == "RS004"
     c.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(everyone)))  # acting as it: yes
@@ -377,7 +300,7 @@ def test_an_all_tenant_binding_is_not_inherited_by_the_roles_members(
 
 
 def test_code_an_all_tenant_role_owns_reads_no_more_for_a_bound_login(
-        dsn: str, make_role: MakeRole, login: Login) -> None:
+        dsn: str, make_role: MakeRole, login_as: Login) -> None:
     """A login bound to A and a member of an all-tenant role: what SET ROLE to that role
     does not show (another tenant's rows), a SECURITY DEFINER function the login made that
     role own (in pg_temp, which every role may create in) must not show either."""
@@ -386,7 +309,7 @@ def test_code_an_all_tenant_role_owns_reads_no_more_for_a_bound_login(
     bind_to_all_tenants(dsn, everyone)
     bound = make_role(everyone)
     bind(dsn, bound, "A")
-    c = login(bound)
+    c = login_as(bound)
     c.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(everyone)))
     c.execute("CREATE FUNCTION pg_temp.peek() RETURNS SETOF text LANGUAGE sql "
               "SECURITY DEFINER AS 'SELECT DISTINCT tenant_id FROM replaysafe.actions_v'")
@@ -400,7 +323,7 @@ def test_code_an_all_tenant_role_owns_reads_no_more_for_a_bound_login(
 
 
 def test_a_binding_in_one_database_reads_nothing_in_another(
-        dsn: str, empty_dsn: str, make_role: MakeRole, login: Login) -> None:
+        dsn: str, empty_dsn: str, make_role: MakeRole, login_as: Login) -> None:
     replaysafe_pg.migrate(empty_dsn)  # a second installation on the same cluster
     other = empty_dsn
     seed_views(dsn, "A", "B")
@@ -413,11 +336,11 @@ def test_a_binding_in_one_database_reads_nothing_in_another(
     bind_to_all_tenants(dsn, everyone)
     operator = make_role("replaysafe_operator")
     bind(dsn, operator, "A")
-    assert seen(login(bound)) == everywhere("A")
-    assert seen(login(everyone)) == everywhere("A", "B")
-    assert seen(login(bound, other)) == everywhere()
-    assert seen(login(everyone, other)) == everywhere()
-    in_other = login(operator, other)
+    assert seen(login_as(bound)) == everywhere("A")
+    assert seen(login_as(everyone)) == everywhere("A", "B")
+    assert seen(login_as(bound, other)) == everywhere()
+    assert seen(login_as(everyone, other)) == everywhere()
+    in_other = login_as(operator, other)
     assert sqlstate(in_other, RESOLVE, ("A", "lost")) == "RS004"
     assert one(in_other, SWEEP, (100,)) == 0
 
@@ -434,14 +357,14 @@ ACTING_FOR_GRANT = ("SELECT role_name, tenant_id, all_tenants "
 @pytest.mark.parametrize("group", ["replaysafe_worker", "replaysafe_operator",
                                    "replaysafe_auditor"])
 def test_acting_for_is_granted_to_the_group_roles(dsn: str, make_role: MakeRole,
-                                                  login: Login, group: str) -> None:
+                                                  login_as: Login, group: str) -> None:
     role = make_role(group)
     bind(dsn, role, "A")
-    assert login(role).execute(ACTING_FOR).fetchall() == [(role, "A", False)]
+    assert login_as(role).execute(ACTING_FOR).fetchall() == [(role, "A", False)]
 
 
 def test_acting_for_names_each_callers_scope(dsn: str, make_role: MakeRole,
-                                             login: Login) -> None:
+                                             login_as: Login) -> None:
     with psycopg.connect(dsn, autocommit=True) as owner:
         owner_name = schema_owner(dsn)
         assert owner.execute(ACTING_FOR).fetchall() == [(owner_name, None, True)]
@@ -453,11 +376,11 @@ def test_acting_for_names_each_callers_scope(dsn: str, make_role: MakeRole,
     bind_to_all_tenants(dsn, everyone)
     unbound = make_role("replaysafe_operator")
     pooled = make_role("replaysafe_worker")
-    assert login(bound).execute(ACTING_FOR).fetchall() == [(bound, "A", False)]
-    assert login(everyone).execute(ACTING_FOR).fetchall() == [(everyone, None, True)]
-    assert login(unbound).execute(ACTING_FOR).fetchall() == [(unbound, None, False)]
-    c = login(pooled)
+    assert login_as(bound).execute(ACTING_FOR).fetchall() == [(bound, "A", False)]
+    assert login_as(everyone).execute(ACTING_FOR).fetchall() == [(everyone, None, True)]
+    assert login_as(unbound).execute(ACTING_FOR).fetchall() == [(unbound, None, False)]
+    c = login_as(pooled)
     assert c.execute(ACTING_FOR).fetchall() == [(pooled, None, False)]
     assert c.execute(ACTING_FOR_GRANT, (grant_t,)).fetchall() == [(pooled, "T", False)]
     # A bound login is not told it acts for another tenant's grant.
-    assert sqlstate(login(bound), ACTING_FOR_GRANT, (grant_t,)) == "RS004"
+    assert sqlstate(login_as(bound), ACTING_FOR_GRANT, (grant_t,)) == "RS004"

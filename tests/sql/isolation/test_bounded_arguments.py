@@ -10,44 +10,9 @@ from typing import Any
 import psycopg
 import pytest
 from helpers.db import owner_rows, sqlstate
+from helpers.seeded_tenants import TOKENS
 
 Conn = psycopg.Connection[Any]
-
-
-# The attempt tokens of the seeded claims, by (tenant, action key): every world seeds anew.
-TOKENS: dict[tuple[str, str], str] = {}
-
-
-def token_of(row: tuple[Any, ...] | None) -> str:
-    """The attempt token of a claim's answer (``... attempt_token FROM claim_action(...)``)."""
-    assert row is not None and row[-1] is not None, row
-    token: str = row[-1]
-    return token
-
-
-def seed(dsn: str) -> None:
-    with psycopg.connect(dsn, autocommit=True) as c:
-        for tenant in ("A", "B"):
-            done = token_of(c.execute(
-                "SELECT attempt_token FROM replaysafe.claim_action(p_tenant_id => %s, "
-                "p_action_key => 'done', p_operation => 'refund', p_request => '{}', "
-                "p_worker_id => 'w')", (tenant,)).fetchone())
-            c.execute("SELECT replaysafe.complete_action(p_tenant_id => %s, p_action_key => 'done', "
-                      "p_attempt => 1, p_attempt_token => %s, p_result => '{\"ok\": true}')",
-                      (tenant, done))
-            TOKENS[tenant, "live"] = token_of(c.execute(
-                "SELECT attempt_token FROM replaysafe.claim_action(p_tenant_id => %s, "
-                "p_action_key => 'live', p_operation => 'refund', p_request => '{}', "
-                "p_worker_id => 'w', p_lease => '1 hour')", (tenant,)).fetchone())
-            c.execute("SELECT replaysafe.write_thread(p_tenant_id => %s, p_thread_id => 'mine', "
-                      "p_expected_version => 0, p_state => '{\"n\": 1}', p_user_id => 'alice')",
-                      (tenant,))
-
-
-@pytest.fixture
-def world(dsn: str) -> str:
-    seed(dsn)
-    return dsn
 
 
 @pytest.mark.parametrize("args", [
@@ -67,7 +32,7 @@ def test_times_out_of_range_are_refused_even_for_the_owner(dsn: str, args: str) 
         assert c.execute("SELECT count(*) FROM replaysafe.actions").fetchone() == (0,)
 
 
-def test_a_worker_cannot_move_time(world: str, worker_a: Conn) -> None:
+def test_a_worker_cannot_move_time(seeded_world: str, worker_a: Conn) -> None:
     """Finding 0002-F5: times out of range."""
     far = datetime.now(UTC) + timedelta(hours=2)
     # The attempt's own token: the refusal is the time's.
@@ -82,8 +47,8 @@ def test_a_worker_cannot_move_time(world: str, worker_a: Conn) -> None:
             "p_attempt => 1, p_attempt_token => %(token)s, p_result => '{}', p_now => %(now)s)"):
         assert sqlstate(worker_a, f"SELECT {call}", params) == "RS005", call
     # The live lease is untouched; within 5 minutes of the clock is fine.
-    assert owner_rows(world, "SELECT state::text FROM replaysafe.actions "
-                             "WHERE tenant_id = 'A' AND action_key = 'live'") == [("running",)]
+    assert owner_rows(seeded_world, "SELECT state::text FROM replaysafe.actions "
+                                    "WHERE tenant_id = 'A' AND action_key = 'live'") == [("running",)]
     near = datetime.now(UTC) + timedelta(minutes=1)
     assert worker_a.execute("SELECT replaysafe.sweep_expired_actions(p_now => %s)",
                             (near,)).fetchone() == (0,)
@@ -102,8 +67,7 @@ def test_a_lease_starts_at_the_call_not_at_the_transaction_start(dsn: str) -> No
 
 
 def test_ids_are_bounded_in_bytes_too(dsn: str) -> None:
-    """Finding 0002-F8: ids, keys,
-    payloads."""
+    """Finding 0002-F8: ids, keys, payloads."""
     with psycopg.connect(dsn, autocommit=True) as c:
         for key in ("界" * 512, "界" * 342):  # 1,536 and 1,026 bytes
             assert sqlstate(c, "SELECT replaysafe.claim_action(p_tenant_id => 't', p_action_key => %s, "
@@ -115,7 +79,7 @@ def test_ids_are_bounded_in_bytes_too(dsn: str) -> None:
         assert c.execute("SELECT count(*) FROM replaysafe.actions").fetchone() == (1,)
 
 
-def test_a_workers_future_time_cannot_take_a_live_lease(world: str, worker_a: Conn) -> None:
+def test_a_workers_future_time_cannot_take_a_live_lease(seeded_world: str, worker_a: Conn) -> None:
     """Finding 0003-R."""
     honest = worker_a.execute(
         "SELECT outcome, attempt, attempt_token FROM replaysafe.claim_action(p_tenant_id => 'A', "

@@ -20,12 +20,13 @@ from typing import Any
 
 import psycopg
 import pytest
+from helpers.claim_tokens import TOK1, claim
 from helpers.db import bind, connect_as, owner_rows, sqlstate
 from psycopg import conninfo as pg_conninfo
 
 import replaysafe_pg
 
-# The world holds no action: any well-formed token will do (no attempt has it).
+# The test's database holds no action: any well-formed token will do (no attempt has it).
 TOKEN = "'rsat_0123456789abcdef0123456789abcdef'"
 
 
@@ -53,42 +54,37 @@ CALLS = {
 }
 
 
-@pytest.fixture
-def world(dsn: str) -> str:
-    return dsn
-
-
 @pytest.mark.parametrize("collation", ['"C"', '"POSIX"'])
 @pytest.mark.parametrize("call", sorted(CALLS))
 def test_a_collate_clause_on_any_argument_is_refused(
-        world: str, make_role: Callable[..., str], call: str, collation: str) -> None:
+        dsn: str, make_role: Callable[..., str], call: str, collation: str) -> None:
     """The guard against finding 0004/0005-F1 (the caller's collation reaches inside the definer
     functions), with the built-in collations."""
     role = make_role("replaysafe_worker")
-    bind(world, role, "A")
+    bind(dsn, role, "A")
     sql = CALLS[call].replace("%(t)s", f"'A' COLLATE {collation}")
-    with connect_as(world, role) as worker:
+    with connect_as(dsn, role) as worker:
         with pytest.raises(psycopg.Error) as caught:
             worker.execute(sql)
         assert caught.value.sqlstate == "RS005", (call, caught.value)
         assert "COLLATE" in str(caught.value)
         worker.rollback()
-    with psycopg.connect(world) as owner:
+    with psycopg.connect(dsn) as owner:
         assert owner.execute("SELECT (SELECT count(*) FROM replaysafe.actions) "
                              "+ (SELECT count(*) FROM replaysafe.threads)").fetchone() == (0,)
-    with connect_as(world, role) as worker:  # without the clause, no RS005
+    with connect_as(dsn, role) as worker:  # without the clause, no RS005
         try:
             worker.execute(CALLS[call].replace("%(t)s", "'A'"))
         except psycopg.Error as e:
             assert e.sqlstate != "RS005", e
 
 
-def test_operator_duties_refuse_a_collate_clause(world: str, make_role: Callable[..., str]) -> None:
+def test_operator_duties_refuse_a_collate_clause(dsn: str, make_role: Callable[..., str]) -> None:
     """The guard against finding 0004/0005-F1 (the caller's collation reaches inside the definer
     functions), with the built-in collations."""
     role = make_role("replaysafe_operator")
-    bind(world, role, "A")
-    with connect_as(world, role) as operator:
+    bind(dsn, role, "A")
+    with connect_as(dsn, role) as operator:
         for sql in ("SELECT replaysafe.resolve_action(p_tenant_id => 'A' COLLATE \"C\", "
                     "p_action_key => 'k', p_state => 'failed')",
                     "SELECT replaysafe.reopen_action(p_tenant_id => 'A', p_action_key => 'k' COLLATE \"C\", "
@@ -100,32 +96,6 @@ def test_operator_duties_refuse_a_collate_clause(world: str, make_role: Callable
 
 
 Conn = psycopg.Connection[Any]
-
-
-def tok(name: str) -> str:
-    """A claim token of the shortest length taken (22 characters), named for the reader."""
-    return name.ljust(22, "-")
-
-
-TOK1, TOK2, TOK9 = tok("tok-1"), tok("tok-2"), tok("tok-9")
-
-
-CLAIM = ("SELECT outcome, attempt, lease_expires_at, attempt_token FROM replaysafe.claim_action("
-         "p_tenant_id => %(tenant)s, p_action_key => %(key)s, p_operation => 'refund', "
-         "p_request => '{}', p_worker_id => %(worker)s, p_lease => %(lease)s::interval, "
-         "p_on_expired => %(on_expired)s, p_now => %(now)s::timestamptz, "
-         "p_claim_token => %(token)s::text)")
-
-
-def claim(c: Conn, key: str, token: str | None, *, tenant: str = "A", worker: str = "w1",
-          lease: str = "30 seconds", on_expired: str = "unknown",
-          now: str | None = None) -> tuple[Any, ...]:
-    params = {"tenant": tenant, "key": key, "worker": worker, "lease": lease,
-              "on_expired": on_expired, "now": now, "token": token}
-    query = CLAIM if now is not None else CLAIM.replace(", p_now => %(now)s::timestamptz", "")
-    row = c.execute(query.encode(), params).fetchone()
-    assert row is not None
-    return tuple(row)
 
 
 def test_a_collate_clause_on_the_token_is_refused(worker_a: Conn) -> None:

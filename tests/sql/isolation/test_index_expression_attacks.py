@@ -7,52 +7,16 @@ functions use to notice such an operation: test_restricted_operation_probe.py.""
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
 import pytest
 from helpers.db import bind, connect_as, owner_rows, require_maintain_privilege
+from helpers.seeded_tenants import TOKENS, b_rows
 
 import replaysafe_pg
 
 MakeRole = Callable[..., str]
-
-
-# The attempt tokens of the seeded claims, by (tenant, action key): every world seeds anew.
-TOKENS: dict[tuple[str, str], str] = {}
-
-
-def token_of(row: tuple[Any, ...] | None) -> str:
-    """The attempt token of a claim's answer (``... attempt_token FROM claim_action(...)``)."""
-    assert row is not None and row[-1] is not None, row
-    token: str = row[-1]
-    return token
-
-
-def seed(dsn: str) -> None:
-    with psycopg.connect(dsn, autocommit=True) as c:
-        for tenant in ("A", "B"):
-            done = token_of(c.execute(
-                "SELECT attempt_token FROM replaysafe.claim_action(p_tenant_id => %s, "
-                "p_action_key => 'done', p_operation => 'refund', p_request => '{}', "
-                "p_worker_id => 'w')", (tenant,)).fetchone())
-            c.execute("SELECT replaysafe.complete_action(p_tenant_id => %s, p_action_key => 'done', "
-                      "p_attempt => 1, p_attempt_token => %s, p_result => '{\"ok\": true}')",
-                      (tenant, done))
-            TOKENS[tenant, "live"] = token_of(c.execute(
-                "SELECT attempt_token FROM replaysafe.claim_action(p_tenant_id => %s, "
-                "p_action_key => 'live', p_operation => 'refund', p_request => '{}', "
-                "p_worker_id => 'w', p_lease => '1 hour')", (tenant,)).fetchone())
-            c.execute("SELECT replaysafe.write_thread(p_tenant_id => %s, p_thread_id => 'mine', "
-                      "p_expected_version => 0, p_state => '{\"n\": 1}', p_user_id => 'alice')",
-                      (tenant,))
-
-
-@pytest.fixture
-def world(dsn: str) -> str:
-    seed(dsn)
-    return dsn
 
 
 SRO_BAIT = """
@@ -85,20 +49,20 @@ def sro_bait() -> str:
 
 
 def test_a_workers_index_expression_run_by_a_superuser_acts_as_the_worker(
-        world: str, make_role: MakeRole) -> None:
+        seeded_world: str, make_role: MakeRole) -> None:
     """Autovacuum (or a superuser's ANALYZE / REINDEX) runs a table owner's index expression
     in the superuser's session: the functions must not act with that session's rights.
 
     Finding 0003-R."""
     attacker = make_role("replaysafe_worker")
-    bind(world, attacker, "A")
-    with psycopg.connect(world, autocommit=True) as owner:
+    bind(seeded_world, attacker, "A")
+    with psycopg.connect(seeded_world, autocommit=True) as owner:
         owner.execute(f'GRANT CREATE ON SCHEMA public TO "{attacker}"')
     try:
-        with connect_as(world, attacker) as c:
+        with connect_as(seeded_world, attacker) as c:
             c.execute(sro_bait())
             c.execute("CREATE INDEX bait_idx ON public.bait (public.idx_f(i))")  # its own run
-        with psycopg.connect(world, autocommit=True) as owner:  # the superuser's maintenance
+        with psycopg.connect(seeded_world, autocommit=True) as owner:  # the superuser's maintenance
             owner.execute("DELETE FROM public.loot")
             owner.execute("ANALYZE public.bait")
             owner.execute("REINDEX TABLE public.bait")
@@ -106,41 +70,43 @@ def test_a_workers_index_expression_run_by_a_superuser_acts_as_the_worker(
         assert ("read", "A") in loot and ("complete", "refused RS004") in loot, loot
         assert {got for what, got in loot if what == "read"} == {"A"}
         assert {got for what, got in loot if what == "complete"} == {"refused RS004"}
-        assert owner_rows(world, "SELECT state::text, result FROM replaysafe.actions "
-                                 "WHERE tenant_id = 'B' AND action_key = 'live'") == [("running", None)]
+        assert owner_rows(seeded_world, "SELECT state::text, result FROM replaysafe.actions "
+                                        "WHERE tenant_id = 'B' AND action_key = 'live'"
+                          ) == [("running", None)]
     finally:
-        with psycopg.connect(world, autocommit=True) as owner:
+        with psycopg.connect(seeded_world, autocommit=True) as owner:
             owner.execute(f'DROP OWNED BY "{attacker}" CASCADE')
 
 
 def test_a_workers_index_expression_run_in_another_tenants_session_acts_for_nobody(
-        world: str, make_role: MakeRole) -> None:
+        seeded_world: str, make_role: MakeRole) -> None:
     """Tenant B's operator runs a database-wide ANALYZE; A's index expression runs in B's
     session (a security-restricted operation): it must not act for B.
 
     Finding 0004/0005-R."""
-    require_maintain_privilege(world)
+    require_maintain_privilege(seeded_world)
     attacker = make_role("replaysafe_worker")
     victim = make_role("replaysafe_operator")
-    bind(world, attacker, "A")
-    bind(world, victim, "B")
-    with psycopg.connect(world, autocommit=True) as owner:
+    bind(seeded_world, attacker, "A")
+    bind(seeded_world, victim, "B")
+    with psycopg.connect(seeded_world, autocommit=True) as owner:
         owner.execute(f'GRANT CREATE ON SCHEMA public TO "{attacker}"')
     try:
-        with connect_as(world, attacker) as c:
+        with connect_as(seeded_world, attacker) as c:
             c.execute(sro_bait())
             c.execute("CREATE INDEX bait_idx ON public.bait (public.idx_f(i))")
             c.execute("GRANT MAINTAIN ON public.bait TO PUBLIC")
-        with connect_as(world, victim) as c:
+        with connect_as(seeded_world, victim) as c:
             c.execute("ANALYZE public.bait")
-        with psycopg.connect(world, autocommit=True) as owner:
+        with psycopg.connect(seeded_world, autocommit=True) as owner:
             loot = owner.execute("SELECT what, got FROM public.loot").fetchall()
         assert ("complete", "refused RS004") in loot and ("complete", "recorded") not in loot, loot
         assert {got for what, got in loot if what == "read"} <= {"A"}
-        assert owner_rows(world, "SELECT state::text, result FROM replaysafe.actions "
-                                 "WHERE tenant_id = 'B' AND action_key = 'live'") == [("running", None)]
+        assert owner_rows(seeded_world, "SELECT state::text, result FROM replaysafe.actions "
+                                        "WHERE tenant_id = 'B' AND action_key = 'live'"
+                          ) == [("running", None)]
     finally:
-        with psycopg.connect(world, autocommit=True) as owner:
+        with psycopg.connect(seeded_world, autocommit=True) as owner:
             owner.execute(f'DROP OWNED BY "{attacker}" CASCADE')
 
 
@@ -159,22 +125,22 @@ INSERT INTO {schema}.bait VALUES (1);
 
 @pytest.mark.parametrize("group", ["replaysafe_worker", "replaysafe_auditor"])
 def test_code_a_group_role_owns_reads_no_tenant_in_someone_elses_session(
-        world: str, make_role: MakeRole, group: str) -> None:
+        seeded_world: str, make_role: MakeRole, group: str) -> None:
     """A's login (a member of `group`) builds an index expression as the unbound group role;
     B's bound session (or a superuser's) runs it with ANALYZE: through the views it must see
     neither B's tenant (the session's) nor every tenant (the group's).
 
     Finding 0003-R4."""
-    require_maintain_privilege(world)
+    require_maintain_privilege(seeded_world)
     attacker = make_role("replaysafe_worker", "replaysafe_auditor")
     victim = make_role("replaysafe_operator")
-    bind(world, attacker, "A")
-    bind(world, victim, "B")
+    bind(seeded_world, attacker, "A")
+    bind(seeded_world, victim, "B")
     schema = f"s_{attacker}"
-    with psycopg.connect(world, autocommit=True) as owner:
+    with psycopg.connect(seeded_world, autocommit=True) as owner:
         owner.execute(f'CREATE SCHEMA "{schema}" AUTHORIZATION "{attacker}"')
     try:
-        with connect_as(world, attacker) as c:
+        with connect_as(seeded_world, attacker) as c:
             c.execute(f'GRANT CREATE, USAGE ON SCHEMA "{schema}" TO {group}')
             c.execute(f'GRANT USAGE ON SCHEMA "{schema}" TO PUBLIC')
             c.execute(f"SET ROLE {group}")  # from here on, objects belong to the group role
@@ -183,71 +149,20 @@ def test_code_a_group_role_owns_reads_no_tenant_in_someone_elses_session(
             c.execute(f'GRANT MAINTAIN ON "{schema}".bait TO PUBLIC')
             c.execute(f'GRANT INSERT ON "{schema}".loot TO PUBLIC')
             c.execute(f'TRUNCATE "{schema}".loot')
-        with connect_as(world, victim) as c:
+        with connect_as(seeded_world, victim) as c:
             c.execute(f'ANALYZE "{schema}".bait')
-        with psycopg.connect(world, autocommit=True) as owner:
+        with psycopg.connect(seeded_world, autocommit=True) as owner:
             owner.execute(f'ANALYZE "{schema}".bait')
             loot = owner.execute(f'SELECT reader, tenant_id FROM "{schema}".loot').fetchall()
         assert loot == [], loot
     finally:
-        with psycopg.connect(world, autocommit=True) as owner:
+        with psycopg.connect(seeded_world, autocommit=True) as owner:
             owner.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
             owner.execute(f'DROP OWNED BY "{attacker}" CASCADE')
             owner.execute(f"REVOKE ALL ON SCHEMA public FROM {group}")
 
 
 Conn = psycopg.Connection[Any]
-
-
-CLAIM = ("SELECT outcome, attempt, attempt_token FROM replaysafe.claim_action(p_tenant_id => %(tenant)s, "
-         "p_action_key => %(key)s, p_operation => 'refund', p_request => '{}', "
-         "p_worker_id => %(worker)s, p_lease => %(lease)s::interval, "
-         "p_claim_token => %(token)s::text)")
-
-
-def secret_of(tenant: str) -> str:
-    """The claim token of a tenant's live claim (claim tokens are 22 characters or more)."""
-    return f"secret-claim-token-of-tenant-{tenant}"
-
-
-@pytest.fixture
-def claimed_world(dsn: str) -> str:
-    """Tenants A and B, each with a live claim (token known only to its claimer), a finished
-    action, an expired lease, an old finished action, a multi-effect action and a thread."""
-    old = datetime.now(UTC) - timedelta(days=30)
-    claim_sql = ("SELECT attempt_token FROM replaysafe.claim_action(p_tenant_id => %s, "
-                 "p_action_key => %s, p_operation => 'refund', p_request => '{}', p_worker_id => 'w', "
-                 "p_lease => %s::interval, p_on_expired => %s, "
-                 "p_now => coalesce(%s::timestamptz, clock_timestamp()))")
-    complete_sql = ("SELECT replaysafe.complete_action(p_tenant_id => %s, p_action_key => %s, "
-                    "p_attempt => %s, p_attempt_token => %s, p_result => '{}', "
-                    "p_now => coalesce(%s::timestamptz, clock_timestamp()))")
-
-    def claim_at(c: Conn, t: str, key: str, *, lease: str = "30 seconds",
-                 on_expired: str = "unknown", now: datetime | None = None) -> str:
-        return token_of(c.execute(claim_sql, (t, key, lease, on_expired, now)).fetchone())
-
-    with psycopg.connect(dsn, autocommit=True) as c:
-        for t in ("A", "B"):
-            c.execute(CLAIM.encode(), {"tenant": t, "key": "live", "worker": "w", "lease": "1 hour",
-                                       "token": secret_of(t)})
-            done = claim_at(c, t, "done")
-            c.execute(complete_sql, (t, "done", 1, done, None))
-            claim_at(c, t, "expired", lease="1 minute", now=old)
-            c.execute(complete_sql, (t, "old", 1, claim_at(c, t, "old", now=old), old))
-            # Two successful attempts: attempt 1's lease expires (reclaim), attempt 2 claims.
-            first = claim_at(c, t, "multi", lease="1 minute", on_expired="reclaim", now=old)
-            second = claim_at(c, t, "multi", on_expired="reclaim")
-            for attempt, token in ((2, second), (1, first)):
-                c.execute(complete_sql, (t, "multi", attempt, token, None))
-            c.execute("SELECT replaysafe.write_thread(p_tenant_id => %s, p_thread_id => 'mine', "
-                      "p_expected_version => 0, p_state => '{\"n\": 1}', p_user_id => 'alice')", (t,))
-    return dsn
-
-
-def b_rows(dsn: str) -> list[tuple[Any, ...]]:
-    return owner_rows(dsn, "SELECT action_key, state::text, attempt, result FROM replaysafe.actions "
-                           "WHERE tenant_id = 'B' ORDER BY 1")
 
 
 SWEEP_BAIT = """

@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -21,46 +20,9 @@ Conn = psycopg.Connection[Any]
 MakeRole = Callable[..., str]
 
 
-# The attempt tokens of the seeded claims, by (tenant, action key): every world seeds anew.
-TOKENS: dict[tuple[str, str], str] = {}
-
-
-def token_of(row: tuple[Any, ...] | None) -> str:
-    """The attempt token of a claim's answer (``... attempt_token FROM claim_action(...)``)."""
-    assert row is not None and row[-1] is not None, row
-    token: str = row[-1]
-    return token
-
-
-def seed(dsn: str) -> None:
-    with psycopg.connect(dsn, autocommit=True) as c:
-        for tenant in ("A", "B"):
-            done = token_of(c.execute(
-                "SELECT attempt_token FROM replaysafe.claim_action(p_tenant_id => %s, "
-                "p_action_key => 'done', p_operation => 'refund', p_request => '{}', "
-                "p_worker_id => 'w')", (tenant,)).fetchone())
-            c.execute("SELECT replaysafe.complete_action(p_tenant_id => %s, p_action_key => 'done', "
-                      "p_attempt => 1, p_attempt_token => %s, p_result => '{\"ok\": true}')",
-                      (tenant, done))
-            TOKENS[tenant, "live"] = token_of(c.execute(
-                "SELECT attempt_token FROM replaysafe.claim_action(p_tenant_id => %s, "
-                "p_action_key => 'live', p_operation => 'refund', p_request => '{}', "
-                "p_worker_id => 'w', p_lease => '1 hour')", (tenant,)).fetchone())
-            c.execute("SELECT replaysafe.write_thread(p_tenant_id => %s, p_thread_id => 'mine', "
-                      "p_expected_version => 0, p_state => '{\"n\": 1}', p_user_id => 'alice')",
-                      (tenant,))
-
-
-@pytest.fixture
-def world(dsn: str) -> str:
-    seed(dsn)
-    return dsn
-
-
-def test_views_defeat_a_leaky_function_in_the_callers_where_clause(world: str,
+def test_views_defeat_a_leaky_function_in_the_callers_where_clause(seeded_world: str,
                                                                    worker_a: Conn) -> None:
-    """Finding 0002-F2: a bound auditor
-    reads every tenant."""
+    """Finding 0002-F2: a bound auditor reads every tenant."""
     worker_a.execute("CREATE FUNCTION pg_temp.leak(t text) RETURNS boolean LANGUAGE plpgsql "
                      "COST 0.0000001 AS $f$ BEGIN RAISE NOTICE 'saw %', t; RETURN true; END $f$")
     seen: list[str] = []
@@ -74,15 +36,14 @@ def unsalted_key(tenant: str, key: str) -> str:
     return "rs1_" + hashlib.sha256(f"{len(tenant)}:{tenant}{key}".encode()).hexdigest()
 
 
-def test_a_guessed_pair_cannot_be_confirmed_from_keys_or_payloads(world: str,
+def test_a_guessed_pair_cannot_be_confirmed_from_keys_or_payloads(seeded_world: str,
                                                                   make_role: MakeRole) -> None:
     # Any connected role can LISTEN; the payload must not be computable from a guess.
-    """Finding 0002-F8: ids, keys,
-    payloads."""
+    """Finding 0002-F8: ids, keys, payloads."""
     stranger = make_role()
-    with connect_as(world, stranger) as listener:
+    with connect_as(seeded_world, stranger) as listener:
         listener.execute("LISTEN replaysafe_actions")
-        with psycopg.connect(world, autocommit=True) as owner:
+        with psycopg.connect(seeded_world, autocommit=True) as owner:
             claimed = owner.execute("SELECT idempotency_key, attempt_token FROM replaysafe.claim_action("
                                     "p_tenant_id => 'A', p_action_key => 'guess', p_operation => 'op', "
                                     "p_request => '{}', p_worker_id => 'w')").fetchone()
@@ -97,11 +58,11 @@ def test_a_guessed_pair_cannot_be_confirmed_from_keys_or_payloads(world: str,
     assert payloads == [first[0]]
     assert payloads[0] != unsalted_key("A", "guess")
     assert first[0].startswith("rs2_") and len(first[0]) == 68
-    with psycopg.connect(world) as owner:  # the owner's function derives the same key
+    with psycopg.connect(seeded_world) as owner:  # the owner's function derives the same key
         assert owner.execute("SELECT replaysafe.idempotency_key('A', 'guess')").fetchone() == first
 
 
-def test_explain_analyze_cannot_confirm_another_tenants_key(world: str, worker_a: Conn) -> None:
+def test_explain_analyze_cannot_confirm_another_tenants_key(seeded_world: str, worker_a: Conn) -> None:
     """Finding 0004/0005-R."""
     for view, column, key in (("actions_v", "action_key", "done"),
                               ("action_attempts_v", "action_key", "done"),
@@ -115,52 +76,6 @@ def test_explain_analyze_cannot_confirm_another_tenants_key(world: str, worker_a
         assert there == absent, (view, there, absent)
         # A range over every tenant finds only A's rows, and reads no other.
         assert ranged and all(n == 0 for k, n in ranged if "Rows Removed" in k), (view, ranged)
-
-
-CLAIM = ("SELECT outcome, attempt, attempt_token FROM replaysafe.claim_action(p_tenant_id => %(tenant)s, "
-         "p_action_key => %(key)s, p_operation => 'refund', p_request => '{}', "
-         "p_worker_id => %(worker)s, p_lease => %(lease)s::interval, "
-         "p_claim_token => %(token)s::text)")
-
-
-def secret_of(tenant: str) -> str:
-    """The claim token of a tenant's live claim (claim tokens are 22 characters or more)."""
-    return f"secret-claim-token-of-tenant-{tenant}"
-
-
-@pytest.fixture
-def claimed_world(dsn: str) -> str:
-    """Tenants A and B, each with a live claim (token known only to its claimer), a finished
-    action, an expired lease, an old finished action, a multi-effect action and a thread."""
-    old = datetime.now(UTC) - timedelta(days=30)
-    claim_sql = ("SELECT attempt_token FROM replaysafe.claim_action(p_tenant_id => %s, "
-                 "p_action_key => %s, p_operation => 'refund', p_request => '{}', p_worker_id => 'w', "
-                 "p_lease => %s::interval, p_on_expired => %s, "
-                 "p_now => coalesce(%s::timestamptz, clock_timestamp()))")
-    complete_sql = ("SELECT replaysafe.complete_action(p_tenant_id => %s, p_action_key => %s, "
-                    "p_attempt => %s, p_attempt_token => %s, p_result => '{}', "
-                    "p_now => coalesce(%s::timestamptz, clock_timestamp()))")
-
-    def claim_at(c: Conn, t: str, key: str, *, lease: str = "30 seconds",
-                 on_expired: str = "unknown", now: datetime | None = None) -> str:
-        return token_of(c.execute(claim_sql, (t, key, lease, on_expired, now)).fetchone())
-
-    with psycopg.connect(dsn, autocommit=True) as c:
-        for t in ("A", "B"):
-            c.execute(CLAIM.encode(), {"tenant": t, "key": "live", "worker": "w", "lease": "1 hour",
-                                       "token": secret_of(t)})
-            done = claim_at(c, t, "done")
-            c.execute(complete_sql, (t, "done", 1, done, None))
-            claim_at(c, t, "expired", lease="1 minute", now=old)
-            c.execute(complete_sql, (t, "old", 1, claim_at(c, t, "old", now=old), old))
-            # Two successful attempts: attempt 1's lease expires (reclaim), attempt 2 claims.
-            first = claim_at(c, t, "multi", lease="1 minute", on_expired="reclaim", now=old)
-            second = claim_at(c, t, "multi", on_expired="reclaim")
-            for attempt, token in ((2, second), (1, first)):
-                c.execute(complete_sql, (t, "multi", attempt, token, None))
-            c.execute("SELECT replaysafe.write_thread(p_tenant_id => %s, p_thread_id => 'mine', "
-                      "p_expected_version => 0, p_state => '{\"n\": 1}', p_user_id => 'alice')", (t,))
-    return dsn
 
 
 def estimate(c: Conn, query: str) -> int:
@@ -225,8 +140,7 @@ def test_explain_analyze_on_the_rewritten_views_confirms_no_other_tenants_key(
 
 def test_installed_revision_answers_the_revision_only(claimed_world: str, claimed_worker_a: Conn,
                                                       make_role: MakeRole) -> None:
-    """An attack that failed (attempt 0004/0005-A), kept as a
-    regression test."""
+    """An attack that failed (attempt 0004/0005-A), kept as a regression test."""
     nobody = make_role()  # no group role: PUBLIC holds nothing
     with connect_as(claimed_world, nobody) as c:
         assert sqlstate(c, "SELECT replaysafe.installed_revision()") == "42501"

@@ -9,8 +9,8 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
-import pytest
 from helpers.db import connect_as, owner_rows, sqlstate
+from helpers.seeded_tenants import TOKENS, VIEWS
 
 import replaysafe_pg
 
@@ -24,49 +24,8 @@ TABLES = ("actions", "action_attempts", "role_bindings", "installation", "thread
           "thread_versions", "alembic_version")
 
 
-VIEWS = ("actions_v", "action_attempts_v", "unresolved_actions", "multi_effect_actions",
-         "threads_v")
-
-
-# The attempt tokens of the seeded claims, by (tenant, action key): every world seeds anew.
-TOKENS: dict[tuple[str, str], str] = {}
-
-
-def token_of(row: tuple[Any, ...] | None) -> str:
-    """The attempt token of a claim's answer (``... attempt_token FROM claim_action(...)``)."""
-    assert row is not None and row[-1] is not None, row
-    token: str = row[-1]
-    return token
-
-
-def seed(dsn: str) -> None:
-    with psycopg.connect(dsn, autocommit=True) as c:
-        for tenant in ("A", "B"):
-            done = token_of(c.execute(
-                "SELECT attempt_token FROM replaysafe.claim_action(p_tenant_id => %s, "
-                "p_action_key => 'done', p_operation => 'refund', p_request => '{}', "
-                "p_worker_id => 'w')", (tenant,)).fetchone())
-            c.execute("SELECT replaysafe.complete_action(p_tenant_id => %s, p_action_key => 'done', "
-                      "p_attempt => 1, p_attempt_token => %s, p_result => '{\"ok\": true}')",
-                      (tenant, done))
-            TOKENS[tenant, "live"] = token_of(c.execute(
-                "SELECT attempt_token FROM replaysafe.claim_action(p_tenant_id => %s, "
-                "p_action_key => 'live', p_operation => 'refund', p_request => '{}', "
-                "p_worker_id => 'w', p_lease => '1 hour')", (tenant,)).fetchone())
-            c.execute("SELECT replaysafe.write_thread(p_tenant_id => %s, p_thread_id => 'mine', "
-                      "p_expected_version => 0, p_state => '{\"n\": 1}', p_user_id => 'alice')",
-                      (tenant,))
-
-
-@pytest.fixture
-def world(dsn: str) -> str:
-    seed(dsn)
-    return dsn
-
-
-def test_worker_cannot_lock_a_table_or_a_view(world: str, worker_a: Conn) -> None:
-    """Finding 0002-F3: one worker stalls
-    every tenant."""
+def test_worker_cannot_lock_a_table_or_a_view(seeded_world: str, worker_a: Conn) -> None:
+    """Finding 0002-F3: one worker stalls every tenant."""
     for table in TABLES:
         for mode in ("ACCESS EXCLUSIVE", "EXCLUSIVE", "SHARE", "ROW EXCLUSIVE", "ACCESS SHARE"):
             with worker_a.transaction():
@@ -82,10 +41,9 @@ def test_worker_cannot_lock_a_table_or_a_view(world: str, worker_a: Conn) -> Non
             assert state in ("42501", "0A000"), (view, state)
 
 
-def test_worker_holds_no_privilege_on_any_table(world: str, worker_a: Conn) -> None:
-    """Finding 0002-F4: integrity inside a
-    tenant."""
-    before = owner_rows(world, "SELECT * FROM replaysafe.actions ORDER BY 1, 2")
+def test_worker_holds_no_privilege_on_any_table(seeded_world: str, worker_a: Conn) -> None:
+    """Finding 0002-F4: integrity inside a tenant."""
+    before = owner_rows(seeded_world, "SELECT * FROM replaysafe.actions ORDER BY 1, 2")
     attempts = [
         "SELECT * FROM replaysafe.{t}",
         "UPDATE replaysafe.{t} SET {c} = {c}",
@@ -94,8 +52,8 @@ def test_worker_holds_no_privilege_on_any_table(world: str, worker_a: Conn) -> N
         "INSERT INTO replaysafe.{t} DEFAULT VALUES",
     ]
     for table in TABLES:
-        column = owner_rows(world, "SELECT attname FROM pg_attribute WHERE attnum = 1 AND "
-                                   f"attrelid = 'replaysafe.{table}'::regclass")[0][0]
+        column = owner_rows(seeded_world, "SELECT attname FROM pg_attribute WHERE attnum = 1 AND "
+                                          f"attrelid = 'replaysafe.{table}'::regclass")[0][0]
         for stmt in attempts:
             assert sqlstate(worker_a, stmt.format(t=table, c=column)) == "42501", (table, stmt)
     # The forgeries a worker would try: an outcome without an attempt, a rewritten thread history.
@@ -104,13 +62,12 @@ def test_worker_holds_no_privilege_on_any_table(world: str, worker_a: Conn) -> N
                  "UPDATE replaysafe.thread_versions SET state = '{}' WHERE tenant_id = 'A'",
                  "UPDATE replaysafe.threads SET user_id = 'mallory', version = 1"):
         assert sqlstate(worker_a, stmt) == "42501", stmt
-    assert owner_rows(world, "SELECT * FROM replaysafe.actions ORDER BY 1, 2") == before
+    assert owner_rows(seeded_world, "SELECT * FROM replaysafe.actions ORDER BY 1, 2") == before
 
 
-def test_private_helpers_and_operator_duties_are_not_a_workers(world: str, worker_a: Conn) -> None:
-    """Finding 0002-F4: integrity inside a
-    tenant."""
-    with psycopg.connect(world) as owner:
+def test_private_helpers_and_operator_duties_are_not_a_workers(seeded_world: str, worker_a: Conn) -> None:
+    """Finding 0002-F4: integrity inside a tenant."""
+    with psycopg.connect(seeded_world) as owner:
         private = [r[0] for r in owner.execute(
             "SELECT p.oid::regprocedure::text FROM pg_proc p "
             "WHERE p.pronamespace = 'replaysafe'::regnamespace AND p.proname LIKE '\\_%'")]
@@ -132,9 +89,9 @@ def test_private_helpers_and_operator_duties_are_not_a_workers(world: str, worke
             "replaysafe.unbind_role(p_role => current_user)",
             "replaysafe.idempotency_key(p_tenant_id => 'B', p_action_key => 'done')"):
         assert sqlstate(worker_a, f"SELECT {call}") == "42501", call
-    assert owner_rows(world, "SELECT action_key, state::text FROM replaysafe.actions "
-                             "WHERE tenant_id = 'A' ORDER BY 1") == [("done", "succeeded"),
-                                                                    ("live", "running")]
+    assert owner_rows(seeded_world, "SELECT action_key, state::text FROM replaysafe.actions "
+                                    "WHERE tenant_id = 'A' ORDER BY 1") == [("done", "succeeded"),
+                                                                           ("live", "running")]
 
 
 def test_default_privileges_open_nothing(empty_dsn: str, make_role: MakeRole) -> None:
@@ -185,9 +142,9 @@ def test_default_privileges_on_schemas_open_nothing(empty_dsn: str, make_role: M
             owner.execute(f'ALTER DEFAULT PRIVILEGES REVOKE CREATE, USAGE ON SCHEMAS FROM "{app}"')
 
 
-def test_operator_duties_check_the_role_themselves(world: str, worker_a: Conn) -> None:
+def test_operator_duties_check_the_role_themselves(seeded_world: str, worker_a: Conn) -> None:
     """Finding 0004/0005-R."""
-    with psycopg.connect(world, autocommit=True) as owner:  # a grant by mistake
+    with psycopg.connect(seeded_world, autocommit=True) as owner:  # a grant by mistake
         owner.execute("GRANT EXECUTE ON FUNCTION replaysafe.resolve_action(text, text, text, jsonb, "
                       "jsonb, text, text, timestamptz, integer, text), replaysafe.reopen_action(text, "
                       "text, text, timestamptz, text), replaysafe.purge_actions(interval, integer, "
@@ -199,9 +156,9 @@ def test_operator_duties_check_the_role_themselves(world: str, worker_a: Conn) -
                  "replaysafe.reopen_action(p_tenant_id => 'A', p_action_key => 'done', p_note => 'x')",
                  "replaysafe.purge_actions(p_older_than => '0 seconds')"):
         assert sqlstate(worker_a, f"SELECT {call}") == "RS004", call
-    assert owner_rows(world, "SELECT action_key, state::text FROM replaysafe.actions "
-                             "WHERE tenant_id = 'A' ORDER BY 1") == [("done", "succeeded"),
-                                                                    ("live", "unknown")]
+    assert owner_rows(seeded_world, "SELECT action_key, state::text FROM replaysafe.actions "
+                                    "WHERE tenant_id = 'A' ORDER BY 1") == [("done", "succeeded"),
+                                                                           ("live", "unknown")]
 
 
 def test_an_upgrade_to_0005_under_default_privileges_opens_nothing(empty_dsn: str,

@@ -66,12 +66,14 @@ def test_the_probe_leaves_the_sessions_own_listen_alone(world: str, worker_a: Co
     assert got is not None and got.payload == "wake"
 
 
+@pytest.mark.usefixtures("world")
 def test_a_replay_in_a_read_only_transaction(worker_a: Conn) -> None:
     with worker_a.transaction():
         worker_a.execute("SET TRANSACTION READ ONLY")
         assert worker_a.execute(REPLAY).fetchone() == ("replay",)
 
 
+@pytest.mark.usefixtures("world")
 def test_a_connection_that_once_waited_can_still_prepare_a_transaction(worker_a: Conn) -> None:
     """The driver LISTENs on a pooled (or the caller's) connection while it waits and gives it
     back after UNLISTEN; a later two-phase transaction that calls the functions prepares."""

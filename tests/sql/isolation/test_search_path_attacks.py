@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-import pytest
 from helpers.db import bind, connect_as
+from helpers.seeded_tenants import VIEWS
 
 Conn = psycopg.Connection[Any]
 
@@ -24,46 +24,6 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 MakeRole = Callable[..., str]
-
-
-VIEWS = ("actions_v", "action_attempts_v", "unresolved_actions", "multi_effect_actions",
-         "threads_v")
-
-
-# The attempt tokens of the seeded claims, by (tenant, action key): every world seeds anew.
-TOKENS: dict[tuple[str, str], str] = {}
-
-
-def token_of(row: tuple[Any, ...] | None) -> str:
-    """The attempt token of a claim's answer (``... attempt_token FROM claim_action(...)``)."""
-    assert row is not None and row[-1] is not None, row
-    token: str = row[-1]
-    return token
-
-
-def seed(dsn: str) -> None:
-    with psycopg.connect(dsn, autocommit=True) as c:
-        for tenant in ("A", "B"):
-            done = token_of(c.execute(
-                "SELECT attempt_token FROM replaysafe.claim_action(p_tenant_id => %s, "
-                "p_action_key => 'done', p_operation => 'refund', p_request => '{}', "
-                "p_worker_id => 'w')", (tenant,)).fetchone())
-            c.execute("SELECT replaysafe.complete_action(p_tenant_id => %s, p_action_key => 'done', "
-                      "p_attempt => 1, p_attempt_token => %s, p_result => '{\"ok\": true}')",
-                      (tenant, done))
-            TOKENS[tenant, "live"] = token_of(c.execute(
-                "SELECT attempt_token FROM replaysafe.claim_action(p_tenant_id => %s, "
-                "p_action_key => 'live', p_operation => 'refund', p_request => '{}', "
-                "p_worker_id => 'w', p_lease => '1 hour')", (tenant,)).fetchone())
-            c.execute("SELECT replaysafe.write_thread(p_tenant_id => %s, p_thread_id => 'mine', "
-                      "p_expected_version => 0, p_state => '{\"n\": 1}', p_user_id => 'alice')",
-                      (tenant,))
-
-
-@pytest.fixture
-def world(dsn: str) -> str:
-    seed(dsn)
-    return dsn
 
 
 def exercise_every_function(c: Conn, tenant: str, *, operator: bool) -> int:
@@ -174,19 +134,18 @@ def exercise_every_function(c: Conn, tenant: str, *, operator: bool) -> int:
 
 
 def test_hostile_overloads_in_public_and_pg_temp_never_run(
-        world: str, make_role: MakeRole, hostile_search_path: Any) -> None:
-    """Finding 0002-F1: function hijack
-    through search_path."""
-    with psycopg.connect(world, autocommit=True) as owner:
+        seeded_world: str, make_role: MakeRole, hostile_search_path: Any) -> None:
+    """Finding 0002-F1: function hijack through search_path."""
+    with psycopg.connect(seeded_world, autocommit=True) as owner:
         names = hostile_search_path.called_names(owner)
         assert {"length", "format", "jsonb_build_object", "pg_notify", "count"} <= names
         attacker = make_role("replaysafe_worker")
         owner.execute(f'GRANT CREATE ON SCHEMA public TO "{attacker}"')  # the pre-15 default
-    bind(world, attacker, "A")
+    bind(seeded_world, attacker, "A")
     operator = make_role("replaysafe_operator")
-    bind(world, operator, "A")
+    bind(seeded_world, operator, "A")
     try:
-        with connect_as(world, attacker) as c:
+        with connect_as(seeded_world, attacker) as c:
             planted = hostile_search_path.plant_overloads(c, names)
             assert planted > 100
             # The trap works: an unpinned function of the attacker's own falls into it.
@@ -198,11 +157,11 @@ def test_hostile_overloads_in_public_and_pg_temp_never_run(
             c.execute("DELETE FROM public.hijacked")
         succeeded = []
         for role, is_operator in ((attacker, False), (operator, True)):
-            with connect_as(world, role) as victim:
+            with connect_as(seeded_world, role) as victim:
                 hostile_search_path.plant_temp_domains(victim)
                 victim.execute("SET search_path = public, pg_catalog")
                 succeeded.append(exercise_every_function(victim, "A", operator=is_operator))
-        with psycopg.connect(world, autocommit=True) as owner:  # the schema owner, a superuser
+        with psycopg.connect(seeded_world, autocommit=True) as owner:  # the schema owner, a superuser
             hostile_search_path.plant_temp_domains(owner)
             owner.execute("SET search_path = public, pg_catalog")
             succeeded.append(exercise_every_function(owner, "B", operator=True))
@@ -210,14 +169,13 @@ def test_hostile_overloads_in_public_and_pg_temp_never_run(
             # Enough ran for the test to mean something (the operator may only settle).
             assert succeeded[0] >= 20 and succeeded[1] >= 8 and succeeded[2] >= 25, succeeded
     finally:
-        with psycopg.connect(world, autocommit=True) as owner:
+        with psycopg.connect(seeded_world, autocommit=True) as owner:
             owner.execute("DROP TABLE IF EXISTS public.hijacked CASCADE")
             owner.execute(f'DROP OWNED BY "{attacker}" CASCADE')
 
 
 def test_every_function_is_definer_or_private_and_pins_its_search_path(dsn: str) -> None:
-    """Finding 0002-F1: function hijack
-    through search_path."""
+    """Finding 0002-F1: function hijack through search_path."""
     with psycopg.connect(dsn) as c:
         rows = c.execute("""
             SELECT p.proname, p.prosecdef, p.proconfig
@@ -229,21 +187,21 @@ def test_every_function_is_definer_or_private_and_pins_its_search_path(dsn: str)
 
 
 def test_the_cli_and_the_driver_never_resolve_through_a_hostile_search_path(
-        world: str, make_role: MakeRole, hostile_search_path: Any) -> None:
+        seeded_world: str, make_role: MakeRole, hostile_search_path: Any) -> None:
     """Finding 0003-R."""
     from helpers.cli import run
 
     from replaysafe_pg import Ledger, Threads
 
     attacker = make_role("replaysafe_worker")
-    with psycopg.connect(world, autocommit=True) as owner:
+    with psycopg.connect(seeded_world, autocommit=True) as owner:
         owner.execute(f'GRANT CREATE ON SCHEMA public TO "{attacker}"')
         owner.execute(f'GRANT USAGE ON TYPE replaysafe.action_state TO "{attacker}"')
     text = "\n".join((ROOT / "sql" / f).read_text() for f in ("cli.sql", "queries.sql"))
     names = {m.group(1).lower() for m in re.finditer(r"([a-z_][a-z0-9_]*)\s*\(", text, re.IGNORECASE)}
     try:
         assert {"cardinality", "unnest", "count", "now"} <= names
-        with connect_as(world, attacker) as c:
+        with connect_as(seeded_world, attacker) as c:
             hostile_search_path.plant_overloads(c, names)
             c.execute("CREATE FUNCTION public.state_eq(a replaysafe.action_state, "
                       "b replaysafe.action_state) RETURNS boolean LANGUAGE plpgsql AS $f$ BEGIN "
@@ -252,7 +210,7 @@ def test_the_cli_and_the_driver_never_resolve_through_a_hostile_search_path(
             c.execute("CREATE OPERATOR public.= (LEFTARG = replaysafe.action_state, "
                       "RIGHTARG = replaysafe.action_state, FUNCTION = public.state_eq)")
         # The owner's own session would fall into the trap (its search_path puts public first).
-        with psycopg.connect(world, autocommit=True) as owner:
+        with psycopg.connect(seeded_world, autocommit=True) as owner:
             owner.execute("SELECT count(*) FROM pg_catalog.unnest(ARRAY['a']) WHERE "
                           "public.cardinality(ARRAY['x']) IS NULL")
             assert owner.execute("SELECT pg_catalog.count(*) FROM public.hijacked").fetchone() == (1,)
@@ -261,16 +219,17 @@ def test_the_cli_and_the_driver_never_resolve_through_a_hostile_search_path(
                      ("actions", "show", "done", "--tenant", "A"),
                      ("threads", "show", "mine", "--tenant", "A", "--user", "alice"),
                      ("purge", "--older-than", "1000d"), ("sweep",)):
-            run(*args, dsn=world)
-        with Ledger(world, tenant_id="A") as led, Threads(world, tenant_id="A", user_id="alice") as th:
+            run(*args, dsn=seeded_world)
+        with Ledger(seeded_world, tenant_id="A") as led, \
+                Threads(seeded_world, tenant_id="A", user_id="alice") as th:
             claim = led.claim("k", "op", {})
             led.heartbeat(claim)
             led.complete(claim, {})
             assert led.get("done") is not None and led.attempts("done")
             th.read("mine")
-        with psycopg.connect(world, autocommit=True) as owner:
+        with psycopg.connect(seeded_world, autocommit=True) as owner:
             assert owner.execute("SELECT name FROM public.hijacked").fetchall() == []
     finally:
-        with psycopg.connect(world, autocommit=True) as owner:
+        with psycopg.connect(seeded_world, autocommit=True) as owner:
             owner.execute("DROP TABLE IF EXISTS public.hijacked CASCADE")
             owner.execute(f'DROP OWNED BY "{attacker}" CASCADE')

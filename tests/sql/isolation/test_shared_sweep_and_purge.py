@@ -6,16 +6,26 @@ tenant's worker in an open transaction on a connection of its own."""
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pytest
-from helpers.db import bind, bind_to_all_tenants, connect_as, owner_rows, sqlstate
+from helpers.db import bind, bind_to_all_tenants, owner_rows, sqlstate
 from helpers.grants import table_state
+from helpers.shared_batches import (
+    PURGE,
+    SWEEP,
+    claim,
+    complete,
+    expired_leases,
+    finished_actions,
+    one,
+    state_of,
+    states,
+)
 
 Conn = psycopg.Connection[Any]
 
@@ -26,92 +36,7 @@ MakeRole = Callable[..., str]
 Login = Callable[..., Conn]
 
 
-@pytest.fixture
-def login(dsn: str) -> Iterator[Login]:
-    """Connect (autocommit) as a role, to the test's database or to ``db``; closed after."""
-    with contextlib.ExitStack() as stack:
-        def connect(role: str, db: str = dsn) -> Conn:
-            return stack.enter_context(connect_as(db, role))
-        yield connect
-
-
 # --- writing as the schema owner (who may pass any p_now) ----------------------------------
-
-CLAIM = ("SELECT outcome, attempt, attempt_token FROM replaysafe.claim_action("
-         "p_tenant_id => %(t)s, p_action_key => %(k)s, p_operation => 'refund', "
-         "p_request => '{}', p_worker_id => 'w', p_lease => %(lease)s::interval, "
-         "p_on_expired => %(on_expired)s, p_now => clock_timestamp() - %(ago)s::interval)")
-
-
-COMPLETE = ("SELECT replaysafe.complete_action(p_tenant_id => %(t)s, p_action_key => %(k)s, "
-            "p_attempt => %(attempt)s, p_attempt_token => %(token)s, p_result => '{}', "
-            "p_now => clock_timestamp() - %(ago)s::interval)")
-
-
-def claim(c: Conn, tenant: str, key: str, *, lease: str = "1 hour", ago: str = "0",
-          on_expired: str = "unknown") -> tuple[int, str]:
-    """A claim that must answer ``claimed``: its attempt and attempt token."""
-    row = c.execute(CLAIM, {"t": tenant, "k": key, "lease": lease, "ago": ago,
-                            "on_expired": on_expired}).fetchone()
-    assert row is not None and row[0] == "claimed", row
-    return int(row[1]), str(row[2])
-
-
-def complete(c: Conn, tenant: str, key: str, attempt: int, token: str, *,
-             ago: str = "0") -> str:
-    row = c.execute(COMPLETE, {"t": tenant, "k": key, "attempt": attempt, "token": token,
-                               "ago": ago}).fetchone()
-    assert row is not None
-    return str(row[0])
-
-
-def expired_leases(c: Conn, tenant: str, n: int, *, ago: str, prefix: str = "lease") -> None:
-    """``n`` running actions of ``tenant`` whose 1-second leases ran out ``ago``."""
-    row = c.execute(
-        "SELECT count(*) FROM generate_series(1, %(n)s) g, LATERAL replaysafe.claim_action("
-        "p_tenant_id => %(t)s, p_action_key => %(p)s || '_' || g, p_operation => 'refund', "
-        "p_request => '{}', p_worker_id => 'w', p_lease => '1 second', "
-        "p_now => clock_timestamp() - %(ago)s::interval) cl WHERE cl.outcome = 'claimed'",
-        {"n": n, "t": tenant, "p": prefix, "ago": ago}).fetchone()
-    assert row == (n,)
-
-
-def finished_actions(c: Conn, tenant: str, n: int, *, ago: str, prefix: str = "done") -> None:
-    """``n`` succeeded actions of ``tenant``, completed ``ago``."""
-    row = c.execute(
-        "SELECT count(*) FROM generate_series(1, %(n)s) g, LATERAL replaysafe.claim_action("
-        "p_tenant_id => %(t)s, p_action_key => %(p)s || '_' || g, p_operation => 'refund', "
-        "p_request => '{}', p_worker_id => 'w', p_lease => '1 hour', "
-        "p_now => clock_timestamp() - %(ago)s::interval) cl, LATERAL replaysafe.complete_action("
-        "p_tenant_id => %(t)s, p_action_key => %(p)s || '_' || g, p_attempt => cl.attempt, "
-        "p_attempt_token => cl.attempt_token, p_result => '{}', "
-        "p_now => clock_timestamp() - %(ago)s::interval) r(outcome) WHERE r.outcome = 'recorded'",
-        {"n": n, "t": tenant, "p": prefix, "ago": ago}).fetchone()
-    assert row == (n,)
-
-
-def states(dsn: str) -> Counter[tuple[str, str]]:
-    """(tenant, state) -> number of actions, read as the owner."""
-    return Counter({(t, s): n for t, s, n in owner_rows(
-        dsn, "SELECT tenant_id, state::text, count(*) FROM replaysafe.actions GROUP BY 1, 2")})
-
-
-def state_of(dsn: str, tenant: str, key: str) -> str | None:
-    rows = owner_rows(dsn, "SELECT state::text FROM replaysafe.actions "
-                           "WHERE tenant_id = %s AND action_key = %s", (tenant, key))
-    return rows[0][0] if rows else None
-
-
-def one(c: Conn, query: str, params: Any = None) -> Any:
-    row = c.execute(query.encode(), params).fetchone()
-    assert row is not None
-    return row[0]
-
-
-SWEEP = "SELECT replaysafe.sweep_expired_actions(p_limit => %s)"
-
-
-PURGE = "SELECT replaysafe.purge_actions(p_older_than => '0', p_limit => %s)"
 
 
 # --- round-robin across tenants -----------------------------------------------------------
@@ -160,14 +85,14 @@ def test_repeated_all_tenant_batches_drain_every_tenant(dsn: str, call: str) -> 
 
 
 def test_a_tenant_bound_operators_sweep_and_purge_touch_only_its_tenant(
-        dsn: str, make_role: MakeRole, login: Login) -> None:
+        dsn: str, make_role: MakeRole, login_as: Login) -> None:
     with psycopg.connect(dsn, autocommit=True) as owner:
         for t in ("A", "B", "C"):
             expired_leases(owner, t, 3, ago="1 hour")
             finished_actions(owner, t, 3, ago="1 hour")
     operator = make_role("replaysafe_operator")
     bind(dsn, operator, "B")
-    c = login(operator)
+    c = login_as(operator)
     before = table_state(dsn)
     assert sqlstate(c, "SELECT replaysafe.sweep_expired_actions(p_tenant_id => 'A')") == "RS004"
     assert sqlstate(c, "SELECT replaysafe.purge_actions(p_older_than => '0', "
@@ -185,7 +110,7 @@ def test_a_tenant_bound_operators_sweep_and_purge_touch_only_its_tenant(
 
 @pytest.fixture(params=["owner", "all_tenant_operator"])
 def sweeper(request: pytest.FixtureRequest, dsn: str, make_role: MakeRole,
-            login: Login) -> Conn:
+            login_as: Login) -> Conn:
     """Who runs the shared machinery: the schema owner, or an operator bound to every
     tenant; waiting for a lock fails after 10 s instead of hanging."""
     if request.param == "owner":
@@ -194,7 +119,7 @@ def sweeper(request: pytest.FixtureRequest, dsn: str, make_role: MakeRole,
     else:
         operator = make_role("replaysafe_operator")
         bind_to_all_tenants(dsn, operator)
-        c = login(operator)
+        c = login_as(operator)
     c.execute("SET lock_timeout = '10s'")
     return c
 
@@ -226,11 +151,11 @@ ATTEMPT_ROW = ("SELECT 1 FROM replaysafe.action_attempts WHERE tenant_id = %s "
 
 
 @pytest.fixture
-def worker_of_a(dsn: str, make_role: MakeRole, login: Login) -> Conn:
+def worker_of_a(dsn: str, make_role: MakeRole, login_as: Login) -> Conn:
     """A worker bound to tenant A: the one whose open transaction holds A's row."""
     role = make_role("replaysafe_worker")
     bind(dsn, role, "A")
-    return login(role)
+    return login_as(role)
 
 
 def test_a_shared_sweep_skips_a_lease_another_transaction_holds(

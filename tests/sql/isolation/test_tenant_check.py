@@ -12,6 +12,8 @@ from typing import Any
 import psycopg
 import pytest
 from helpers.db import bind, connect_as, owner_rows, sqlstate
+from helpers.fixed_clock import at
+from helpers.seeded_tenants import TOKENS, b_rows
 from psycopg import conninfo as pg_conninfo
 from psycopg import sql
 
@@ -21,13 +23,6 @@ Conn = psycopg.Connection[Any]
 
 
 MakeRole = Callable[..., str]
-
-
-T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
-
-
-def at(seconds: float) -> datetime:
-    return T0 + timedelta(seconds=seconds)
 
 
 # The attempt token of each tenant's live lease (every world seeds anew).
@@ -337,67 +332,8 @@ def test_bind_role_to_tenant_checks_its_arguments(dsn: str) -> None:
         assert c.execute("SELECT count(*) FROM replaysafe.role_bindings").fetchone() == (0,)
 
 
-CLAIM = ("SELECT outcome, attempt, attempt_token FROM replaysafe.claim_action(p_tenant_id => %(tenant)s, "
-         "p_action_key => %(key)s, p_operation => 'refund', p_request => '{}', "
-         "p_worker_id => %(worker)s, p_lease => %(lease)s::interval, "
-         "p_claim_token => %(token)s::text)")
-
-
-def secret_of(tenant: str) -> str:
-    """The claim token of a tenant's live claim (claim tokens are 22 characters or more)."""
-    return f"secret-claim-token-of-tenant-{tenant}"
-
-
-def token_of(row: tuple[Any, ...] | None) -> str:
-    """The attempt token of a claim's answer (its last column)."""
-    assert row is not None and row[-1] is not None, row
-    token: str = row[-1]
-    return token
-
-
-@pytest.fixture
-def claimed_world(dsn: str) -> str:
-    """Tenants A and B, each with a live claim (token known only to its claimer), a finished
-    action, an expired lease, an old finished action, a multi-effect action and a thread."""
-    old = datetime.now(UTC) - timedelta(days=30)
-    claim_sql = ("SELECT attempt_token FROM replaysafe.claim_action(p_tenant_id => %s, "
-                 "p_action_key => %s, p_operation => 'refund', p_request => '{}', p_worker_id => 'w', "
-                 "p_lease => %s::interval, p_on_expired => %s, "
-                 "p_now => coalesce(%s::timestamptz, clock_timestamp()))")
-    complete_sql = ("SELECT replaysafe.complete_action(p_tenant_id => %s, p_action_key => %s, "
-                    "p_attempt => %s, p_attempt_token => %s, p_result => '{}', "
-                    "p_now => coalesce(%s::timestamptz, clock_timestamp()))")
-
-    def claim_at(c: Conn, t: str, key: str, *, lease: str = "30 seconds",
-                 on_expired: str = "unknown", now: datetime | None = None) -> str:
-        return token_of(c.execute(claim_sql, (t, key, lease, on_expired, now)).fetchone())
-
-    with psycopg.connect(dsn, autocommit=True) as c:
-        for t in ("A", "B"):
-            c.execute(CLAIM.encode(), {"tenant": t, "key": "live", "worker": "w", "lease": "1 hour",
-                                       "token": secret_of(t)})
-            done = claim_at(c, t, "done")
-            c.execute(complete_sql, (t, "done", 1, done, None))
-            claim_at(c, t, "expired", lease="1 minute", now=old)
-            c.execute(complete_sql, (t, "old", 1, claim_at(c, t, "old", now=old), old))
-            # Two successful attempts: attempt 1's lease expires (reclaim), attempt 2 claims.
-            first = claim_at(c, t, "multi", lease="1 minute", on_expired="reclaim", now=old)
-            second = claim_at(c, t, "multi", on_expired="reclaim")
-            for attempt, token in ((2, second), (1, first)):
-                c.execute(complete_sql, (t, "multi", attempt, token, None))
-            c.execute("SELECT replaysafe.write_thread(p_tenant_id => %s, p_thread_id => 'mine', "
-                      "p_expected_version => 0, p_state => '{\"n\": 1}', p_user_id => 'alice')", (t,))
-    return dsn
-
-
-def b_rows(dsn: str) -> list[tuple[Any, ...]]:
-    return owner_rows(dsn, "SELECT action_key, state::text, attempt, result FROM replaysafe.actions "
-                           "WHERE tenant_id = 'B' ORDER BY 1")
-
-
 def test_bound_sweep_and_purge_touch_only_their_tenant(claimed_world: str, make_role: MakeRole) -> None:
-    """An attack that failed (attempt 0004/0005-A), kept as a
-    regression test."""
+    """An attack that failed (attempt 0004/0005-A), kept as a regression test."""
     before = b_rows(claimed_world)
     worker = make_role("replaysafe_worker")
     operator = make_role("replaysafe_operator")
@@ -421,47 +357,17 @@ def test_bound_sweep_and_purge_touch_only_their_tenant(claimed_world: str, make_
                                                                      ("live", "unknown")]
 
 
-# The attempt tokens of the seeded claims, by (tenant, action key): every world seeds anew.
-SEEDED_TOKENS: dict[tuple[str, str], str] = {}
-
-
-def seed_live_world(dsn: str) -> None:
-    with psycopg.connect(dsn, autocommit=True) as c:
-        for tenant in ("A", "B"):
-            done = token_of(c.execute(
-                "SELECT attempt_token FROM replaysafe.claim_action(p_tenant_id => %s, "
-                "p_action_key => 'done', p_operation => 'refund', p_request => '{}', "
-                "p_worker_id => 'w')", (tenant,)).fetchone())
-            c.execute("SELECT replaysafe.complete_action(p_tenant_id => %s, p_action_key => 'done', "
-                      "p_attempt => 1, p_attempt_token => %s, p_result => '{\"ok\": true}')",
-                      (tenant, done))
-            SEEDED_TOKENS[tenant, "live"] = token_of(c.execute(
-                "SELECT attempt_token FROM replaysafe.claim_action(p_tenant_id => %s, "
-                "p_action_key => 'live', p_operation => 'refund', p_request => '{}', "
-                "p_worker_id => 'w', p_lease => '1 hour')", (tenant,)).fetchone())
-            c.execute("SELECT replaysafe.write_thread(p_tenant_id => %s, p_thread_id => 'mine', "
-                      "p_expected_version => 0, p_state => '{\"n\": 1}', p_user_id => 'alice')",
-                      (tenant,))
-
-
-@pytest.fixture
-def live_world(dsn: str) -> str:
-    seed_live_world(dsn)
-    return dsn
-
-
-def test_operator_settles_reopens_and_purges_its_tenant_only(live_world: str,
+def test_operator_settles_reopens_and_purges_its_tenant_only(seeded_world: str,
                                                              make_role: MakeRole) -> None:
-    """Finding 0002-F4: integrity inside a
-    tenant."""
+    """Finding 0002-F4: integrity inside a tenant."""
     operator = make_role("replaysafe_operator")
-    bind(live_world, operator, "A")
-    with psycopg.connect(live_world, autocommit=True) as owner:
+    bind(seeded_world, operator, "A")
+    with psycopg.connect(seeded_world, autocommit=True) as owner:
         for tenant in ("A", "B"):
             owner.execute("SELECT replaysafe.mark_action_unknown(p_tenant_id => %s, "
                           "p_action_key => 'live', p_attempt => 1, p_attempt_token => %s, "
-                          "p_error => '{}')", (tenant, SEEDED_TOKENS[tenant, "live"]))
-    with connect_as(live_world, operator) as c:
+                          "p_error => '{}')", (tenant, TOKENS[tenant, "live"]))
+    with connect_as(seeded_world, operator) as c:
         assert c.execute("SELECT replaysafe.resolve_action(p_tenant_id => 'A', p_action_key => 'live', "
                          "p_state => 'failed', p_error => '{}', p_expected_attempt => 1)"
                          ).fetchone() == ("failed",)
@@ -475,7 +381,7 @@ def test_operator_settles_reopens_and_purges_its_tenant_only(live_world: str,
         # claiming is a worker's duty
         assert sqlstate(c, "SELECT replaysafe.claim_action(p_tenant_id => 'A', p_action_key => 'x', "
                            "p_operation => 'op', p_request => '{}', p_worker_id => 'w')") == "42501"
-    assert owner_rows(live_world, "SELECT tenant_id, action_key, state::text, resolution_note "
+    assert owner_rows(seeded_world, "SELECT tenant_id, action_key, state::text, resolution_note "
                              "FROM replaysafe.actions ORDER BY 1, 2") == [
         ("A", "live", "retryable", "the bug is fixed"),
         ("B", "done", "succeeded", None), ("B", "live", "unknown", None)]

@@ -22,7 +22,8 @@ import pytest
 
 pytest.importorskip("langgraph")
 import ormsgpack
-from helpers.db import bind, connect_as
+from helpers.db import connect_as
+from helpers.langgraph_rows import PUT, PUT_WRITES, login, put_params
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from psycopg import conninfo as pg_conninfo
@@ -36,62 +37,6 @@ MakeRole = Callable[..., str]
 
 
 ROOT = Path(__file__).resolve().parents[3]
-
-
-PUT = ("SELECT * FROM replaysafe.langgraph_put(p_tenant_id => %(tenant)s, "
-       "p_thread_id => %(thread)s, p_checkpoint_ns => %(ns)s, p_checkpoint_id => %(id)s, "
-       "p_parent_id => %(parent)s::text, p_checkpoint => %(cp)s::jsonb, "
-       "p_metadata => %(md)s::jsonb, p_channels => %(channels)s::text[], "
-       "p_versions => %(versions)s::text[], p_types => %(types)s::text[], "
-       "p_blobs => %(blobs)s::bytea[], p_history_limit => %(limit)s::integer)")
-
-
-PUT_WRITES = ("SELECT replaysafe.langgraph_put_writes(p_tenant_id => %(tenant)s, "
-              "p_thread_id => %(thread)s, p_checkpoint_ns => %(ns)s, "
-              "p_checkpoint_id => %(id)s, p_task_id => %(task)s, p_task_path => %(path)s, "
-              "p_idx => %(idx)s::integer[], p_channels => %(channels)s::text[], "
-              "p_types => %(types)s::text[], p_blobs => %(blobs)s::bytea[], "
-              "p_replace => %(replace)s)")
-
-
-def put_params(tenant: str = "A", thread: str = "t", **over: Any) -> dict[str, Any]:
-    cp = empty_checkpoint()
-    params: dict[str, Any] = {
-        "tenant": tenant, "thread": thread, "ns": "", "id": cp["id"], "parent": None,
-        "cp": json.dumps({k: v for k, v in cp.items() if k != "channel_values"}),
-        "md": json.dumps({"source": "update", "step": 0}),
-        "channels": [], "versions": [], "types": [], "blobs": [], "limit": None}
-    params.update(over)
-    return params
-
-
-def seed_thread(saver: ReplaysafeSaver, thread_id: str, value: str) -> dict[str, Any]:
-    """One checkpoint with one value and one pending write, through the saver."""
-    config = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
-    cp = empty_checkpoint()
-    cp["channel_values"] = {"who": value}
-    cp["channel_versions"] = {"who": saver.get_next_version(None)}
-    stored = saver.put(config, cp, {"source": "input", "step": -1, "run_id": f"run-{value}"},
-                       cp["channel_versions"])
-    saver.put_writes(stored, [("who", value)], "task")
-    return stored
-
-
-@pytest.fixture
-def world(dsn: str) -> str:
-    """Tenants A and B, each with a thread "t" (and B with "secret"), written by the owner."""
-    with ReplaysafeSaver(dsn, tenant_id="A") as a, ReplaysafeSaver(dsn, tenant_id="B") as b:
-        seed_thread(a, "t", "A")
-        seed_thread(b, "t", "B")
-        seed_thread(b, "secret", "B")
-    return dsn
-
-
-def login(dsn: str, make_role: MakeRole, tenant: str | None, group: str = "replaysafe_worker") -> str:
-    role = make_role(group)
-    if tenant is not None:
-        bind(dsn, role, tenant)
-    return role
 
 
 # =============================================================================================
@@ -130,17 +75,17 @@ def plant_blob(worker: Conn, where: str, type_: str, blob: bytes) -> None:
 
 @pytest.mark.parametrize("where", ["value", "pending_write"])
 def test_a_workers_crafted_blob_runs_no_code_where_the_checkpoint_is_loaded(
-        world: str, make_role: MakeRole, tmp_path: Path, where: str) -> None:
-    """Finding 0006-F1: a worker's crafted
-    blob runs code in every process that loads the checkpoint; fixed: strict serializer by
-    default, pickle tags refused unless allow_pickle=True."""
+        checkpointed_world: str, make_role: MakeRole, tmp_path: Path, where: str) -> None:
+    """Finding 0006-F1: a worker's crafted blob runs code in every process that loads the
+    checkpoint; fixed: strict serializer by default, pickle tags refused unless
+    allow_pickle=True."""
     marker = tmp_path / "pwned"
-    attacker = login(world, make_role, "A")
-    with connect_as(world, attacker) as worker:
+    attacker = login(checkpointed_world, make_role, "A")
+    with connect_as(checkpointed_world, attacker) as worker:
         plant_blob(worker, where, "msgpack", evil_msgpack(marker))
     # Another process of tenant A (the app's graph runner, an operator's inspection script...)
     # loads the thread with the saver's defaults.
-    victim = pg_conninfo.make_conninfo(world, user=login(world, make_role, "A"))
+    victim = pg_conninfo.make_conninfo(checkpointed_world, user=login(checkpointed_world, make_role, "A"))
     with ReplaysafeSaver(victim, tenant_id="A") as saver:
         try:
             saver.get_tuple({"configurable": {"thread_id": "t"}})
@@ -151,7 +96,7 @@ def test_a_workers_crafted_blob_runs_no_code_where_the_checkpoint_is_loaded(
 
 
 def test_a_pickle_type_tag_from_the_database_is_not_trusted(
-        world: str, make_role: MakeRole, tmp_path: Path) -> None:
+        checkpointed_world: str, make_role: MakeRole, tmp_path: Path) -> None:
     """With LangGraph's documented pickle_fallback=True (for values msgpack cannot encode),
     the type tag "pickle" a worker writes is pickle.loads()-ed by every reader.
 
@@ -164,10 +109,10 @@ def test_a_pickle_type_tag_from_the_database_is_not_trusted(
         def __reduce__(self) -> tuple[Any, ...]:
             return (exec, (f"open({str(marker)!r}, 'w').write('pwned')",))
 
-    attacker = login(world, make_role, "A")
-    with connect_as(world, attacker) as worker:
+    attacker = login(checkpointed_world, make_role, "A")
+    with connect_as(checkpointed_world, attacker) as worker:
         plant_blob(worker, "pending_write", "pickle", pickle.dumps(Evil()))
-    victim = pg_conninfo.make_conninfo(world, user=login(world, make_role, "A"))
+    victim = pg_conninfo.make_conninfo(checkpointed_world, user=login(checkpointed_world, make_role, "A"))
     with ReplaysafeSaver(victim, tenant_id="A",
                          serde=JsonPlusSerializer(pickle_fallback=True)) as saver, \
             contextlib.suppress(Exception):
@@ -199,7 +144,7 @@ def test_allow_pickle_opts_in_to_pickled_values(dsn: str) -> None:
 
 
 def test_a_strict_serializer_runs_no_code_from_a_crafted_blob(
-        world: str, make_role: MakeRole, tmp_path: Path) -> None:
+        checkpointed_world: str, make_role: MakeRole, tmp_path: Path) -> None:
     """The way out of finding 1 works with this saver: a strict JsonPlusSerializer (no
     module outside LangGraph's safe list) returns the raw payload instead of calling it.
 
@@ -207,11 +152,11 @@ def test_a_strict_serializer_runs_no_code_from_a_crafted_blob(
     blob runs code in every process that loads the checkpoint; fixed: strict serializer by
     default, pickle tags refused unless allow_pickle=True."""
     marker = tmp_path / "pwned"
-    attacker = login(world, make_role, "A")
-    with connect_as(world, attacker) as worker:
+    attacker = login(checkpointed_world, make_role, "A")
+    with connect_as(checkpointed_world, attacker) as worker:
         plant_blob(worker, "value", "msgpack", evil_msgpack(marker))
         plant_blob(worker, "pending_write", "msgpack", evil_msgpack(marker))
-    with ReplaysafeSaver(world, tenant_id="A",
+    with ReplaysafeSaver(checkpointed_world, tenant_id="A",
                          serde=JsonPlusSerializer(allowed_msgpack_modules=None)) as saver:
         found = saver.get_tuple({"configurable": {"thread_id": "t"}})
         list(saver.list(None))
@@ -258,9 +203,8 @@ STRICT_SCRIPT = textwrap.dedent("""
 
 
 def test_langgraphs_strict_msgpack_allowlist_reaches_the_saver(dsn: str) -> None:
-    """Finding 0006-F2: LangGraph's own
-    hardening (the strict msgpack allowlist) was lost; fixed: the savers override
-    with_allowlist."""
+    """Finding 0006-F2: LangGraph's own hardening (the strict msgpack allowlist) was lost; fixed:
+    the savers override with_allowlist."""
     env = {**os.environ, "LANGGRAPH_STRICT_MSGPACK": "true",
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, "-c", STRICT_SCRIPT, dsn], env=env,

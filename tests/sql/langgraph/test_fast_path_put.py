@@ -15,117 +15,25 @@ from typing import Any
 
 import psycopg
 import pytest
-from helpers.db import bind, connect_as, sqlstate
+from helpers.db import connect_as, sqlstate
+from helpers.langgraph_fast_path import (
+    PUT_FAST,
+    UPDATE,
+    assert_head_is_stored,
+    fast_params,
+    loop_children,
+    state,
+)
 
 import replaysafe_pg
 
 MakeRole = Callable[..., str]
 
 
-PUT = ("SELECT stored, head_checkpoint_id FROM replaysafe.langgraph_put("
-       "p_tenant_id => %(tenant)s, p_thread_id => %(thread)s, p_checkpoint_ns => %(ns)s, "
-       "p_checkpoint_id => %(id)s, p_parent_id => %(parent)s::text, "
-       "p_checkpoint => %(cp)s::jsonb, p_metadata => %(md)s::jsonb, "
-       "p_channels => %(channels)s::text[], p_versions => %(versions)s::text[], "
-       "p_types => %(types)s::text[], p_blobs => %(blobs)s::bytea[], "
-       "p_history_limit => %(limit)s::integer)")
-
-
 PUT_WRITES = ("SELECT replaysafe.langgraph_put_writes(p_tenant_id => %(tenant)s, "
               "p_thread_id => %(thread)s, p_checkpoint_ns => '', p_checkpoint_id => %(id)s, "
               "p_task_id => 'task', p_task_path => '', p_idx => '{0}', p_channels => '{w}', "
               "p_types => '{json}', p_blobs => ARRAY['\\x01'::bytea])")
-
-
-LOOP = json.dumps({"source": "loop", "step": 1})
-
-
-UPDATE = json.dumps({"source": "update", "step": 1})
-
-
-def params(id_: str, parent: str | None, *, tenant: str = "A", thread: str = "t",
-           md: str = LOOP, **over: Any) -> dict[str, Any]:
-    p: dict[str, Any] = {
-        "tenant": tenant, "thread": thread, "ns": "", "id": id_, "parent": parent,
-        "cp": json.dumps({"id": id_, "channel_versions": {"c": id_}}), "md": md,
-        "channels": ["c"], "versions": [id_], "types": ["json"], "blobs": [id_.encode()],
-        "limit": None}
-    p.update(over)
-    return p
-
-
-def owner_one(dsn: str, query: str, args: Any = None) -> Any:
-    with psycopg.connect(dsn) as c:
-        row = c.execute(query.encode(), args).fetchone()
-    return row
-
-
-def state(dsn: str, tenant: str = "A", thread: str = "t") -> dict[str, Any]:
-    """Everything of one thread, read as the owner."""
-    with psycopg.connect(dsn) as c:
-        head = c.execute("SELECT head, refused FROM replaysafe.langgraph_namespaces "
-                         "WHERE tenant_id = %s AND thread_id = %s AND checkpoint_ns = ''",
-                         (tenant, thread)).fetchone()
-        cps = c.execute("SELECT checkpoint_id, parent_checkpoint_id, metadata ->> 'source' "
-                        "FROM replaysafe.langgraph_checkpoints "
-                        "WHERE tenant_id = %s AND thread_id = %s ORDER BY 1",
-                        (tenant, thread)).fetchall()
-        blobs = c.execute("SELECT version FROM replaysafe.langgraph_blobs "
-                          "WHERE tenant_id = %s AND thread_id = %s ORDER BY 1",
-                          (tenant, thread)).fetchall()
-        writes = c.execute("SELECT checkpoint_id FROM replaysafe.langgraph_writes "
-                           "WHERE tenant_id = %s AND thread_id = %s ORDER BY 1",
-                           (tenant, thread)).fetchall()
-    return {"head": head[0] if head else None, "refused": head[1] if head else None,
-            "checkpoints": cps, "blobs": [b[0] for b in blobs],
-            "writes": [w[0] for w in writes]}
-
-
-def assert_head_is_stored(dsn: str) -> None:
-    """The namespace invariant: every head names a stored checkpoint of its namespace."""
-    dangling = owner_one(dsn, """
-        SELECT count(*) FROM replaysafe.langgraph_namespaces n
-        WHERE n.head IS NOT NULL AND NOT EXISTS (
-            SELECT 1 FROM replaysafe.langgraph_checkpoints c
-            WHERE (c.tenant_id, c.thread_id, c.checkpoint_ns, c.checkpoint_id)
-                = (n.tenant_id, n.thread_id, n.checkpoint_ns, n.head))""")
-    assert dangling == (0,)
-
-
-def loop_children(dsn: str, parent: str, tenant: str = "A", thread: str = "t") -> list[str]:
-    with psycopg.connect(dsn) as c:
-        return [r[0] for r in c.execute(
-            "SELECT checkpoint_id FROM replaysafe.langgraph_checkpoints WHERE tenant_id = %s "
-            "AND thread_id = %s AND parent_checkpoint_id = %s "
-            "AND metadata ->> 'source' IN ('input', 'loop') ORDER BY 1",
-            (tenant, thread, parent)).fetchall()]
-
-
-@pytest.fixture
-def revision(dsn: str) -> str:
-    revision = replaysafe_pg.current_revision(dsn)
-    assert revision is not None
-    return revision
-
-
-@pytest.fixture
-def world(dsn: str, revision: str) -> str:
-    """Tenant A's thread t: p0 <- p1 (the head), stored by the owner; tenant B's thread t:
-    b0 <- b1 (the head)."""
-    with psycopg.connect(dsn, autocommit=True) as owner:
-        for tenant, ids in (("A", ("p0", "p1")), ("B", ("b0", "b1"))):
-            owner.execute(PUT, params(ids[0], None, tenant=tenant, md=json.dumps(
-                {"source": "input", "step": -1})))
-            owner.execute(PUT, params(ids[1], ids[0], tenant=tenant))
-    return dsn
-
-
-@pytest.fixture
-def worker(world: str, make_role: MakeRole) -> str:
-    """A LOGIN role in replaysafe_worker bound to tenant A."""
-    role = make_role("replaysafe_worker")
-    bind(world, role, "A")
-    return role
 
 
 # =============================================================================================
@@ -146,21 +54,21 @@ SHAPES = {
 @pytest.mark.parametrize("path", ["first put", "parent is the head"])
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_multi_dimensional_channel_arrays_get_an_answer_not_a_raw_error(
-        world: str, worker: str, revision: str, shape: str, path: str) -> None:
-    """Finding 0009-F1: multi-dimensional channel arrays
-    of other shapes ended in a raw 2202E; fixed before release."""
+        fast_path_world: str, fast_path_worker: str, installed_revision: str, shape: str, path: str) -> None:
+    """Finding 0009-F1: multi-dimensional channel arrays of other shapes ended in a raw 2202E;
+    fixed before release."""
     channels, versions = SHAPES[shape]
     n = 4 if "4" in shape else 2
     thread = "arr" if path == "first put" else "t"
     parent = None if path == "first put" else "p1"
-    p = params("x1", parent, thread=thread, md=UPDATE, channels=channels, versions=versions,
-               types=["json"] * n, blobs=[b"v"] * n)
-    before = state(world, thread=thread)
-    with connect_as(world, worker) as w:
-        got = sqlstate(w, PUT, p)
+    p = fast_params("x1", parent, thread=thread, md=UPDATE, channels=channels, versions=versions,
+                    types=["json"] * n, blobs=[b"v"] * n)
+    before = state(fast_path_world, thread=thread)
+    with connect_as(fast_path_world, fast_path_worker) as w:
+        got = sqlstate(w, PUT_FAST, p)
     if got is not None:
-        assert state(world, thread=thread) == before  # nothing half-written either way
-    assert got in (None, "RS005"), f"{revision}: raw SQLSTATE {got} for {shape}"
+        assert state(fast_path_world, thread=thread) == before  # nothing half-written either way
+    assert got in (None, "RS005"), f"{installed_revision}: raw SQLSTATE {got} for {shape}"
 
 
 # =============================================================================================
@@ -180,9 +88,9 @@ def stale_head_after_delete_for_runs(dsn: str, role: str) -> None:
     from psycopg import conninfo
 
     with connect_as(dsn, role) as w:
-        w.execute(PUT, params("d0", None, thread="dr", md=json.dumps(
+        w.execute(PUT_FAST, fast_params("d0", None, thread="dr", md=json.dumps(
             {"source": "input", "step": -1, "run_id": "r0"})))
-        w.execute(PUT, params("d1", "d0", thread="dr", md=json.dumps(
+        w.execute(PUT_FAST, fast_params("d1", "d0", thread="dr", md=json.dumps(
             {"source": "loop", "step": 0, "run_id": "r1"})))
     deleted: list[Any] = []
     with psycopg.connect(conninfo.make_conninfo(dsn, user=role)) as inflight, \
@@ -208,70 +116,70 @@ def stale_head_after_delete_for_runs(dsn: str, role: str) -> None:
     assert deleted == [(1,)]
 
 
-def test_a_deleted_heads_run_cannot_continue_from_it(world: str, worker: str) -> None:
-    """Finding 0009-F2: delete_for_runs left a head on a
-    deleted checkpoint while a put_writes held the namespace (0006-0008); fixed in 0009."""
-    stale_head_after_delete_for_runs(world, worker)
-    with connect_as(world, worker) as w:
+def test_a_deleted_heads_run_cannot_continue_from_it(fast_path_world: str, fast_path_worker: str) -> None:
+    """Finding 0009-F2: delete_for_runs left a head on a deleted checkpoint while a put_writes held
+    the namespace (0006-0008); fixed in 0009."""
+    stale_head_after_delete_for_runs(fast_path_world, fast_path_worker)
+    with connect_as(fast_path_world, fast_path_worker) as w:
         head = w.execute("SELECT checkpoint_id FROM replaysafe.langgraph_get_tuple("
                          "p_tenant_id => 'A', p_thread_id => 'dr')").fetchone()
         assert head == ("d0",)
-        got = w.execute(PUT, params("d2", "d1", thread="dr", md=json.dumps(
+        got = w.execute(PUT_FAST, fast_params("d2", "d1", thread="dr", md=json.dumps(
             {"source": "loop", "step": 1, "run_id": "r1"}))).fetchone()
     assert got == (False, "d0"), f"a run-loop put from the deleted head d1 was stored: {got}"
 
 
-def test_delete_for_runs_leaves_no_pending_write_of_a_deleted_checkpoint(world: str,
-                                                                       worker: str) -> None:
-    """Finding 0009-F2: delete_for_runs left a head on a
-    deleted checkpoint while a put_writes held the namespace (0006-0008); fixed in 0009."""
-    stale_head_after_delete_for_runs(world, worker)
-    s = state(world, thread="dr")
+def test_delete_for_runs_leaves_no_pending_write_of_a_deleted_checkpoint(fast_path_world: str,
+                                                                       fast_path_worker: str) -> None:
+    """Finding 0009-F2: delete_for_runs left a head on a deleted checkpoint while a put_writes held
+    the namespace (0006-0008); fixed in 0009."""
+    stale_head_after_delete_for_runs(fast_path_world, fast_path_worker)
+    s = state(fast_path_world, thread="dr")
     assert [c[0] for c in s["checkpoints"]] == ["d0"]
     assert s["writes"] == [], f"pending writes of deleted checkpoints: {s['writes']}"
     assert s["head"] in ("d0", None), f"head left on a deleted checkpoint: {s['head']}"
 
 
-def test_a_stale_parent_is_refused_and_writes_nothing(world: str, worker: str) -> None:
-    """An attack on the fast path that failed (attempt 0009-A), kept as a regression
-    test."""
-    with connect_as(world, worker) as w:
+def test_a_stale_parent_is_refused_and_writes_nothing(fast_path_world: str, fast_path_worker: str) -> None:
+    """An attack on the fast path that failed (attempt 0009-A), kept as a regression test."""
+    with connect_as(fast_path_world, fast_path_worker) as w:
         # The refused checkpoint's pending writes, sent before its put (durability="async").
         assert w.execute(PUT_WRITES, {"tenant": "A", "thread": "t", "id": "c2"}).fetchone() == (1,)
-        before = state(world)
+        before = state(fast_path_world)
         assert before["writes"] == ["c2"]
-        assert w.execute(PUT, params("c2", "p0")).fetchone() == (False, "p1")
+        assert w.execute(PUT_FAST, fast_params("c2", "p0")).fetchone() == (False, "p1")
         # ... and after it: dropped.
         assert w.execute(PUT_WRITES, {"tenant": "A", "thread": "t", "id": "c2"}).fetchone() == (0,)
         # The stale parent again, on an id already stored: no fork (the stored checkpoint is
         # kept, its writes too), and with other content it is refused as a rewrite.
         with pytest.raises(psycopg.Error) as rewrite:
-            w.execute(PUT, params("p0", "p0"))
+            w.execute(PUT_FAST, fast_params("p0", "p0"))
         assert rewrite.value.sqlstate == "RS001"
-    after = state(world)
+    after = state(fast_path_world)
     assert after["head"] == "p1" and after["checkpoints"] == before["checkpoints"]
     assert after["blobs"] == before["blobs"] and after["writes"] == []
     assert after["refused"] == ["c2"]
-    assert_head_is_stored(world)
+    assert_head_is_stored(fast_path_world)
 
 
-def test_a_stored_checkpoint_saved_from_the_head_leaves_the_head(world: str, worker: str) -> None:
+def test_a_stored_checkpoint_saved_from_the_head_leaves_the_head(fast_path_world: str,
+                                                                 fast_path_worker: str) -> None:
     """The fallback: the fast path moved the head to p0 and its insert conflicted. p0 is
     stored with other content (another parent): a stored checkpoint is never changed in
     place, so the put is refused (RS001) and nothing of it stays, the head's move neither.
 
     An attack on the fast path that failed (attempt 0009-A), kept as a regression
     test."""
-    before = state(world)
-    with connect_as(world, worker) as w:
-        for put in (params("p0", "p1", md=UPDATE, limit=1), params("p1", "p1")):
+    before = state(fast_path_world)
+    with connect_as(fast_path_world, fast_path_worker) as w:
+        for put in (fast_params("p0", "p1", md=UPDATE, limit=1), fast_params("p1", "p1")):
             with pytest.raises(psycopg.Error) as refused:
-                w.execute(PUT, put)
+                w.execute(PUT_FAST, put)
             assert refused.value.sqlstate == "RS001"
         # Saved again as stored: allowed, and nothing changes.
-        assert w.execute(PUT, params("p1", "p0")).fetchone() == (True, "p1")
-    assert state(world) == before
-    assert_head_is_stored(world)
+        assert w.execute(PUT_FAST, fast_params("p1", "p0")).fetchone() == (True, "p1")
+    assert state(fast_path_world) == before
+    assert_head_is_stored(fast_path_world)
 
 
 BAD_ARRAYS = {
@@ -291,21 +199,20 @@ BAD_ARRAYS = {
 
 @pytest.mark.parametrize("path", ["first put", "parent is the head", "stored id"])
 @pytest.mark.parametrize("case", list(BAD_ARRAYS))
-def test_the_channel_bounds_hold_on_every_path(world: str, worker: str, case: str,
+def test_the_channel_bounds_hold_on_every_path(fast_path_world: str, fast_path_worker: str, case: str,
                                                path: str) -> None:
-    """An attack on the fast path that failed (attempt 0009-A), kept as a regression
-    test."""
+    """An attack on the fast path that failed (attempt 0009-A), kept as a regression test."""
     id_, parent, thread = {"first put": ("x1", None, "fresh"),
                            "parent is the head": ("x1", "p1", "t"),
                            "stored id": ("p0", "p1", "t")}[path]
-    p = params(id_, parent, thread=thread, md=UPDATE, channels=["a", "c"], versions=["1", "2"],
-               types=["json", "json"], blobs=[b"1", b"2"])
+    p = fast_params(id_, parent, thread=thread, md=UPDATE, channels=["a", "c"], versions=["1", "2"],
+                    types=["json", "json"], blobs=[b"1", b"2"])
     p.update(BAD_ARRAYS[case])
-    before = (state(world, thread=thread), state(world, tenant="B"))
-    with connect_as(world, worker) as w:
-        got = sqlstate(w, PUT, p)
+    before = (state(fast_path_world, thread=thread), state(fast_path_world, tenant="B"))
+    with connect_as(fast_path_world, fast_path_worker) as w:
+        got = sqlstate(w, PUT_FAST, p)
     assert got == "RS005", (case, path, got)
-    assert (state(world, thread=thread), state(world, tenant="B")) == before
+    assert (state(fast_path_world, thread=thread), state(fast_path_world, tenant="B")) == before
 
 
 def racers(dsn: str, role: str, puts: list[dict[str, Any]],
@@ -323,7 +230,7 @@ def racers(dsn: str, role: str, puts: list[dict[str, Any]],
                     deadline = time.monotonic() + 30
                     while not answers.get("go") and time.monotonic() < deadline:
                         time.sleep(0.01)
-                answers[p["id"]] = c.execute(PUT, p).fetchone()
+                answers[p["id"]] = c.execute(PUT_FAST, p).fetchone()
                 if isolation:
                     c.commit()
         except psycopg.Error as exc:
@@ -349,7 +256,7 @@ def wait_blocked_by(dsn: str, holder_pid: int, n: int) -> None:
 
 @pytest.mark.parametrize("holder", ["new child", "stored id", "rolled back",
                                     "savepoint rolled back"])
-def test_racing_run_loop_puts_store_one_child_of_the_head(world: str, worker: str,
+def test_racing_run_loop_puts_store_one_child_of_the_head(fast_path_world: str, fast_path_worker: str,
                                                           holder: str) -> None:
     """One session holds a put on the namespace (in an open transaction); eight others put
     run-loop children of the same head meanwhile. At most one child of p1 is stored.
@@ -358,28 +265,29 @@ def test_racing_run_loop_puts_store_one_child_of_the_head(world: str, worker: st
     test."""
     from psycopg import conninfo
 
-    held = psycopg.connect(conninfo.make_conninfo(world, user=worker))
+    held = psycopg.connect(conninfo.make_conninfo(fast_path_world, user=fast_path_worker))
     try:
         if holder == "savepoint rolled back":
             held.execute("SAVEPOINT s")
         # "stored id": the head saved again as it is stored (an id stored already: the put
         # changes nothing, and holds the namespace all the same).
-        first = {"new child": params("c1", "p1"), "stored id": params("p1", "p0"),
-                 "rolled back": params("c1", "p1"),
-                 "savepoint rolled back": params("c1", "p1")}[holder]
-        held.execute(PUT, first).fetchone()
+        first = {"new child": fast_params("c1", "p1"), "stored id": fast_params("p1", "p0"),
+                 "rolled back": fast_params("c1", "p1"),
+                 "savepoint rolled back": fast_params("c1", "p1")}[holder]
+        held.execute(PUT_FAST, first).fetchone()
         if holder == "savepoint rolled back":
             held.execute("ROLLBACK TO SAVEPOINT s")
-        threads, answers = racers(world, worker, [params(f"r{i}", "p1") for i in range(8)])
+        threads, answers = racers(fast_path_world, fast_path_worker,
+                                  [fast_params(f"r{i}", "p1") for i in range(8)])
         if holder == "savepoint rolled back":
             # The rollback to the savepoint let go of the namespace: the racers go on.
             for t in threads:
                 t.join(30)
         else:
-            wait_blocked_by(world, held.info.backend_pid, 8)  # they wait on the namespace
+            wait_blocked_by(fast_path_world, held.info.backend_pid, 8)  # they wait on the namespace
         if holder == "savepoint rolled back":
             # The holder tries again from the same parent, still in its transaction.
-            answers["again"] = held.execute(PUT, params("c1", "p1")).fetchone()
+            answers["again"] = held.execute(PUT_FAST, fast_params("c1", "p1")).fetchone()
         if holder == "rolled back":
             held.rollback()
         else:
@@ -389,34 +297,34 @@ def test_racing_run_loop_puts_store_one_child_of_the_head(world: str, worker: st
         assert not any(t.is_alive() for t in threads)
     finally:
         held.close()
-    children = loop_children(world, "p1")
+    children = loop_children(fast_path_world, "p1")
     assert len(children) == 1, (children, answers)
     stored = [k for k, v in answers.items() if isinstance(v, tuple) and v[0]]
     assert len(stored) + (holder == "new child") == 1, answers
-    s = state(world)
+    s = state(fast_path_world)
     assert s["head"] == children[0]
-    assert_head_is_stored(world)
+    assert_head_is_stored(fast_path_world)
     # No refused racer left a value or a write behind.
     assert set(s["blobs"]) <= {"p0", "p1", children[0]}, s
 
 
-def test_a_racer_on_an_old_snapshot_cannot_fork(world: str, worker: str) -> None:
+def test_a_racer_on_an_old_snapshot_cannot_fork(fast_path_world: str, fast_path_worker: str) -> None:
     """REPEATABLE READ: the racer's snapshot sees p1 as the head (before the holder's commit).
 
     An attack on the fast path that failed (attempt 0009-A), kept as a regression
     test."""
     from psycopg import conninfo
 
-    held = psycopg.connect(conninfo.make_conninfo(world, user=worker))
+    held = psycopg.connect(conninfo.make_conninfo(fast_path_world, user=fast_path_worker))
     try:
-        threads, answers = racers(world, worker, [params("r1", "p1")],
+        threads, answers = racers(fast_path_world, fast_path_worker, [fast_params("r1", "p1")],
                                   isolation="REPEATABLE READ")
         try:
             deadline = time.monotonic() + 30
             while "r1:snap" not in answers and time.monotonic() < deadline:
                 time.sleep(0.01)
             assert "r1:snap" in answers, answers
-            held.execute(PUT, params("c1", "p1")).fetchone()
+            held.execute(PUT_FAST, fast_params("c1", "p1")).fetchone()
             held.commit()
         finally:
             answers["go"] = True
@@ -426,12 +334,12 @@ def test_a_racer_on_an_old_snapshot_cannot_fork(world: str, worker: str) -> None
     finally:
         held.close()
     assert answers["r1"] in ("40001", (False, "c1")), answers
-    assert loop_children(world, "p1") == ["c1"]
-    assert_head_is_stored(world)
+    assert loop_children(fast_path_world, "p1") == ["c1"]
+    assert_head_is_stored(fast_path_world)
 
 
-def test_a_namespace_deleted_under_a_waiting_fast_path_refuses_it(world: str,
-                                                                  worker: str) -> None:
+def test_a_namespace_deleted_under_a_waiting_fast_path_refuses_it(fast_path_world: str,
+                                                                  fast_path_worker: str) -> None:
     """delete_thread holds the namespace row while a fast-path put waits on it: once the
     row is gone, the put creates a fresh namespace and is refused (no parent there).
 
@@ -439,12 +347,12 @@ def test_a_namespace_deleted_under_a_waiting_fast_path_refuses_it(world: str,
     test."""
     from psycopg import conninfo
 
-    deleter = psycopg.connect(conninfo.make_conninfo(world, user=worker))
+    deleter = psycopg.connect(conninfo.make_conninfo(fast_path_world, user=fast_path_worker))
     try:
         deleter.execute("SELECT replaysafe.langgraph_delete_thread(p_tenant_id => 'A', "
                         "p_thread_id => 't')")
-        threads, answers = racers(world, worker, [params("r1", "p1")])
-        wait_blocked_by(world, deleter.info.backend_pid, 1)
+        threads, answers = racers(fast_path_world, fast_path_worker, [fast_params("r1", "p1")])
+        wait_blocked_by(fast_path_world, deleter.info.backend_pid, 1)
         deleter.commit()
         for t in threads:
             t.join(30)
@@ -452,7 +360,7 @@ def test_a_namespace_deleted_under_a_waiting_fast_path_refuses_it(world: str,
     finally:
         deleter.close()
     assert answers["r1"] == (False, None), answers
-    s = state(world)
+    s = state(fast_path_world)
     assert s["checkpoints"] == [] and s["blobs"] == [] and s["head"] is None
 
 
@@ -465,13 +373,13 @@ def test_upgrading_repairs_a_head_left_on_a_deleted_checkpoint(dsn: str) -> None
     deleted checkpoint while a put_writes held the namespace (0006-0008); fixed in 0009."""
     replaysafe_pg.downgrade(dsn, "0008")
     with psycopg.connect(dsn, autocommit=True) as owner:
-        owner.execute(PUT, params("d0", None, thread="dr", md=json.dumps(
+        owner.execute(PUT_FAST, fast_params("d0", None, thread="dr", md=json.dumps(
             {"source": "input", "step": -1})))
-        owner.execute(PUT, params("d1", "d0", thread="dr"))
+        owner.execute(PUT_FAST, fast_params("d1", "d0", thread="dr"))
         # What the skipped namespace looked like: d1 deleted, the head still on it.
         owner.execute("DELETE FROM replaysafe.langgraph_checkpoints WHERE checkpoint_id = 'd1'")
         assert state(dsn, thread="dr")["head"] == "d1"
         replaysafe_pg.migrate(dsn)
         assert state(dsn, thread="dr")["head"] == "d0"
-        assert owner.execute(PUT, params("d2", "d1", thread="dr")).fetchone() == (False, "d0")
+        assert owner.execute(PUT_FAST, fast_params("d2", "d1", thread="dr")).fetchone() == (False, "d0")
     assert_head_is_stored(dsn)

@@ -16,74 +16,14 @@ import psycopg
 import pytest
 
 pytest.importorskip("langgraph")
-from helpers.db import bind, connect_as, sqlstate
+from helpers.db import connect_as, sqlstate
+from helpers.langgraph_rows import PUT, counts, login, put_params
 from helpers.lg_graphs import NODES, chain_graph
 from langgraph.checkpoint.base import empty_checkpoint
 
 from replaysafe_pg.langgraph import ReplaysafeSaver, StaleCheckpointError
 
 MakeRole = Callable[..., str]
-
-
-PUT = ("SELECT * FROM replaysafe.langgraph_put(p_tenant_id => %(tenant)s, "
-       "p_thread_id => %(thread)s, p_checkpoint_ns => %(ns)s, p_checkpoint_id => %(id)s, "
-       "p_parent_id => %(parent)s::text, p_checkpoint => %(cp)s::jsonb, "
-       "p_metadata => %(md)s::jsonb, p_channels => %(channels)s::text[], "
-       "p_versions => %(versions)s::text[], p_types => %(types)s::text[], "
-       "p_blobs => %(blobs)s::bytea[], p_history_limit => %(limit)s::integer)")
-
-
-def put_params(tenant: str = "A", thread: str = "t", **over: Any) -> dict[str, Any]:
-    cp = empty_checkpoint()
-    params: dict[str, Any] = {
-        "tenant": tenant, "thread": thread, "ns": "", "id": cp["id"], "parent": None,
-        "cp": json.dumps({k: v for k, v in cp.items() if k != "channel_values"}),
-        "md": json.dumps({"source": "update", "step": 0}),
-        "channels": [], "versions": [], "types": [], "blobs": [], "limit": None}
-    params.update(over)
-    return params
-
-
-def seed_thread(saver: ReplaysafeSaver, thread_id: str, value: str) -> dict[str, Any]:
-    """One checkpoint with one value and one pending write, through the saver."""
-    config = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
-    cp = empty_checkpoint()
-    cp["channel_values"] = {"who": value}
-    cp["channel_versions"] = {"who": saver.get_next_version(None)}
-    stored = saver.put(config, cp, {"source": "input", "step": -1, "run_id": f"run-{value}"},
-                       cp["channel_versions"])
-    saver.put_writes(stored, [("who", value)], "task")
-    return stored
-
-
-def counts(dsn: str, tenant: str) -> tuple[int, ...]:
-    """Rows of ``tenant`` in each langgraph table, read as the schema owner."""
-    with psycopg.connect(dsn) as c:
-        row = c.execute(
-            "SELECT (SELECT count(*) FROM replaysafe.langgraph_checkpoints WHERE tenant_id = %(t)s),"
-            " (SELECT count(*) FROM replaysafe.langgraph_blobs WHERE tenant_id = %(t)s),"
-            " (SELECT count(*) FROM replaysafe.langgraph_writes WHERE tenant_id = %(t)s),"
-            " (SELECT count(*) FROM replaysafe.langgraph_namespaces WHERE tenant_id = %(t)s)",
-            {"t": tenant}).fetchone()
-    assert row is not None
-    return tuple(row)
-
-
-@pytest.fixture
-def world(dsn: str) -> str:
-    """Tenants A and B, each with a thread "t" (and B with "secret"), written by the owner."""
-    with ReplaysafeSaver(dsn, tenant_id="A") as a, ReplaysafeSaver(dsn, tenant_id="B") as b:
-        seed_thread(a, "t", "A")
-        seed_thread(b, "t", "B")
-        seed_thread(b, "secret", "B")
-    return dsn
-
-
-def login(dsn: str, make_role: MakeRole, tenant: str | None, group: str = "replaysafe_worker") -> str:
-    role = make_role(group)
-    if tenant is not None:
-        bind(dsn, role, tenant)
-    return role
 
 
 # =============================================================================================
@@ -115,8 +55,8 @@ def run_config(thread_id: str, runner: str) -> dict[str, Any]:
 
 def test_a_run_on_a_lagging_clock_is_never_silently_lost(
         dsn: str, lagging_clock: Callable[[float], None]) -> None:
-    """Finding 0006-F3: a run on a lagging
-    clock was silently lost; fixed: the head is kept on the namespace row."""
+    """Finding 0006-F3: a run on a lagging clock was silently lost; fixed: the head is kept on the
+    namespace row."""
     with ReplaysafeSaver(dsn, tenant_id="A") as saver:
         graph = chain_graph(saver, [])
         graph.invoke({"log": []}, run_config("skew", "first"), durability="sync")
@@ -133,8 +73,8 @@ def test_a_run_on_a_lagging_clock_is_never_silently_lost(
 
 def test_a_lagging_clock_alone_raises_no_stale_checkpoint(
         dsn: str, lagging_clock: Callable[[float], None]) -> None:
-    """Finding 0006-F3: a run on a lagging
-    clock was silently lost; fixed: the head is kept on the namespace row."""
+    """Finding 0006-F3: a run on a lagging clock was silently lost; fixed: the head is kept on the
+    namespace row."""
     with ReplaysafeSaver(dsn, tenant_id="A") as saver:
         graph = chain_graph(saver, [])
         graph.invoke({"log": []}, run_config("skew", "first"), durability="sync")
@@ -167,9 +107,8 @@ class GatedSaver(ReplaysafeSaver):
 
 
 def test_two_exit_durability_runs_on_a_fresh_thread_do_not_fork_silently(dsn: str) -> None:
-    """Finding 0006-F4: two exit-durability
-    runs forked a fresh thread silently; fixed: a parentless run-loop checkpoint is refused in     a
-    namespace that has checkpoints."""
+    """Finding 0006-F4: two exit-durability runs forked a fresh thread silently; fixed: a
+    parentless run-loop checkpoint is refused in a namespace that has checkpoints."""
     with GatedSaver(dsn, tenant_id="A") as saver:
         graph = chain_graph(saver, [])
         saver.gate = threading.Barrier(2)
@@ -227,14 +166,14 @@ def test_two_parentless_run_checkpoints_racing_into_a_fresh_namespace_do_not_bot
     assert counts(dsn, "A")[0] == 1
 
 
-def test_run_loop_checkpoints_cannot_fork_a_thread_by_their_parent(world: str,
+def test_run_loop_checkpoints_cannot_fork_a_thread_by_their_parent(checkpointed_world: str,
                                                                    make_role: MakeRole) -> None:
     """Tried by hand on the CAS rule: a stale parent, a missing parent on a run's first
     checkpoint, the same id again with another parent, NULL and unknown namespaces.
 
     An attack on the LangGraph checkpointer that failed (attempt 0006-A), kept as
     a regression test."""
-    with connect_as(world, login(world, make_role, "A")) as w:
+    with connect_as(checkpointed_world, login(checkpointed_world, make_role, "A")) as w:
         head = w.execute("SELECT checkpoint_id FROM replaysafe.langgraph_get_tuple("
                          "p_tenant_id => 'A', p_thread_id => 't')").fetchone()
         assert head is not None
@@ -267,12 +206,12 @@ def test_run_loop_checkpoints_cannot_fork_a_thread_by_their_parent(world: str,
 # =============================================================================================
 
 @pytest.mark.parametrize("how", ["delete_thread", "prune_delete"])
-def test_delete_thread_leaves_nothing_of_a_put_in_flight(world: str, how: str) -> None:
-    """Finding 0006-F7: delete_thread was
-    not atomic against a put in flight; fixed: namespaces locked FOR UPDATE first."""
+def test_delete_thread_leaves_nothing_of_a_put_in_flight(checkpointed_world: str, how: str) -> None:
+    """Finding 0006-F7: delete_thread was not atomic against a put in flight; fixed: namespaces
+    locked FOR UPDATE first."""
     head = empty_checkpoint()
     body = json.dumps({k: v for k, v in head.items() if k != "channel_values"})
-    with psycopg.connect(world) as writer:  # an open transaction: the put in flight
+    with psycopg.connect(checkpointed_world) as writer:  # an open transaction: the put in flight
         writer.execute(PUT, put_params(thread="t", id=head["id"], cp=body))
         result: list[Any] = []
         call = ("SELECT replaysafe.langgraph_delete_thread(p_tenant_id => 'A', p_thread_id => 't')"
@@ -281,7 +220,7 @@ def test_delete_thread_leaves_nothing_of_a_put_in_flight(world: str, how: str) -
                 "p_strategy => 'delete')")
 
         def delete() -> None:
-            with psycopg.connect(world, autocommit=True) as c:
+            with psycopg.connect(checkpointed_world, autocommit=True) as c:
                 result.append(c.execute(call).fetchone())
 
         deleter = threading.Thread(target=delete)
@@ -290,7 +229,7 @@ def test_delete_thread_leaves_nothing_of_a_put_in_flight(world: str, how: str) -
         writer.commit()
     deleter.join(10)
     assert result, "delete did not return"
-    assert counts(world, "A") == (0, 0, 0, 0)
+    assert counts(checkpointed_world, "A") == (0, 0, 0, 0)
 
 
 # =============================================================================================
@@ -302,11 +241,11 @@ def test_delete_thread_leaves_nothing_of_a_put_in_flight(world: str, how: str) -
 # once the put commits, its checkpoint has lost the channel (get_tuple silently omits it).
 # =============================================================================================
 
-def test_delete_for_runs_never_drops_a_value_a_put_in_flight_uses(world: str) -> None:
-    """Finding 0006-F8: delete_for_runs
-    collected values without the namespace lock; fixed: values collected only under it."""
+def test_delete_for_runs_never_drops_a_value_a_put_in_flight_uses(checkpointed_world: str) -> None:
+    """Finding 0006-F8: delete_for_runs collected values without the namespace lock; fixed: values
+    collected only under it."""
     config = {"configurable": {"thread_id": "runs", "checkpoint_ns": ""}}
-    with ReplaysafeSaver(world, tenant_id="A") as saver:
+    with ReplaysafeSaver(checkpointed_world, tenant_id="A") as saver:
         first = empty_checkpoint()
         first["channel_values"] = {"kept": "value of run r1"}
         first["channel_versions"] = {"kept": saver.get_next_version(None)}
@@ -315,9 +254,9 @@ def test_delete_for_runs_never_drops_a_value_a_put_in_flight_uses(world: str) ->
     third = empty_checkpoint()
     third["channel_versions"] = dict(first["channel_versions"])  # unchanged channel
     body = json.dumps({k: v for k, v in third.items() if k != "channel_values"})
-    with psycopg.connect(world) as writer, \
-            psycopg.connect(world, autocommit=True) as other, \
-            psycopg.connect(world, autocommit=True) as probe:  # run r3's put, in flight
+    with psycopg.connect(checkpointed_world) as writer, \
+            psycopg.connect(checkpointed_world, autocommit=True) as other, \
+            psycopg.connect(checkpointed_world, autocommit=True) as probe:  # run r3's put, in flight
         writer.execute(PUT, put_params(thread="runs", id=third["id"],
                                        parent=c1["configurable"]["checkpoint_id"], cp=body,
                                        md=json.dumps({"source": "loop", "step": 0,
@@ -337,7 +276,7 @@ def test_delete_for_runs_never_drops_a_value_a_put_in_flight_uses(world: str) ->
         writer.commit()
         rollback.join(30)
         assert not rollback.is_alive() and deleted == [(1,)]
-    with ReplaysafeSaver(world, tenant_id="A") as saver:
+    with ReplaysafeSaver(checkpointed_world, tenant_id="A") as saver:
         found = saver.get_tuple(config)
     assert found is not None and found.checkpoint["id"] == third["id"]
     assert found.checkpoint["channel_values"] == {"kept": "value of run r1"}

@@ -6,73 +6,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 
 pytest.importorskip("langgraph")
-from helpers.db import bind, connect_as, sqlstate
+from helpers.db import connect_as, sqlstate
+from helpers.langgraph_rows import PUT, PUT_WRITES, login, put_params
 from langgraph.checkpoint.base import empty_checkpoint
 
-from replaysafe_pg.langgraph import ReplaysafeSaver
-
 MakeRole = Callable[..., str]
-
-
-PUT = ("SELECT * FROM replaysafe.langgraph_put(p_tenant_id => %(tenant)s, "
-       "p_thread_id => %(thread)s, p_checkpoint_ns => %(ns)s, p_checkpoint_id => %(id)s, "
-       "p_parent_id => %(parent)s::text, p_checkpoint => %(cp)s::jsonb, "
-       "p_metadata => %(md)s::jsonb, p_channels => %(channels)s::text[], "
-       "p_versions => %(versions)s::text[], p_types => %(types)s::text[], "
-       "p_blobs => %(blobs)s::bytea[], p_history_limit => %(limit)s::integer)")
-
-
-PUT_WRITES = ("SELECT replaysafe.langgraph_put_writes(p_tenant_id => %(tenant)s, "
-              "p_thread_id => %(thread)s, p_checkpoint_ns => %(ns)s, "
-              "p_checkpoint_id => %(id)s, p_task_id => %(task)s, p_task_path => %(path)s, "
-              "p_idx => %(idx)s::integer[], p_channels => %(channels)s::text[], "
-              "p_types => %(types)s::text[], p_blobs => %(blobs)s::bytea[], "
-              "p_replace => %(replace)s)")
-
-
-def put_params(tenant: str = "A", thread: str = "t", **over: Any) -> dict[str, Any]:
-    cp = empty_checkpoint()
-    params: dict[str, Any] = {
-        "tenant": tenant, "thread": thread, "ns": "", "id": cp["id"], "parent": None,
-        "cp": json.dumps({k: v for k, v in cp.items() if k != "channel_values"}),
-        "md": json.dumps({"source": "update", "step": 0}),
-        "channels": [], "versions": [], "types": [], "blobs": [], "limit": None}
-    params.update(over)
-    return params
-
-
-def seed_thread(saver: ReplaysafeSaver, thread_id: str, value: str) -> dict[str, Any]:
-    """One checkpoint with one value and one pending write, through the saver."""
-    config = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
-    cp = empty_checkpoint()
-    cp["channel_values"] = {"who": value}
-    cp["channel_versions"] = {"who": saver.get_next_version(None)}
-    stored = saver.put(config, cp, {"source": "input", "step": -1, "run_id": f"run-{value}"},
-                       cp["channel_versions"])
-    saver.put_writes(stored, [("who", value)], "task")
-    return stored
-
-
-@pytest.fixture
-def world(dsn: str) -> str:
-    """Tenants A and B, each with a thread "t" (and B with "secret"), written by the owner."""
-    with ReplaysafeSaver(dsn, tenant_id="A") as a, ReplaysafeSaver(dsn, tenant_id="B") as b:
-        seed_thread(a, "t", "A")
-        seed_thread(b, "t", "B")
-        seed_thread(b, "secret", "B")
-    return dsn
-
-
-def login(dsn: str, make_role: MakeRole, tenant: str | None, group: str = "replaysafe_worker") -> str:
-    role = make_role(group)
-    if tenant is not None:
-        bind(dsn, role, tenant)
-    return role
 
 
 # =============================================================================================
@@ -86,11 +28,11 @@ def login(dsn: str, make_role: MakeRole, tenant: str | None, group: str = "repla
 
 @pytest.mark.parametrize("versions", ["[]", '"x"', "1", "null"])
 def test_a_checkpoint_whose_channel_versions_is_not_an_object_is_refused(
-        world: str, make_role: MakeRole, versions: str) -> None:
-    """Finding 0006-F5: a channel_versions
-    that is not an object poisoned reads of the whole tenant; fixed: RS005."""
-    attacker = login(world, make_role, "A")
-    with connect_as(world, attacker) as worker:
+        checkpointed_world: str, make_role: MakeRole, versions: str) -> None:
+    """Finding 0006-F5: a channel_versions that is not an object poisoned reads of the whole
+    tenant; fixed: RS005."""
+    attacker = login(checkpointed_world, make_role, "A")
+    with connect_as(checkpointed_world, attacker) as worker:
         cp = empty_checkpoint()
         body = {k: v for k, v in cp.items() if k != "channel_values"}
         body["channel_versions"] = json.loads(versions)
@@ -122,11 +64,10 @@ BAD_PUTS = {
 
 
 @pytest.mark.parametrize("case", list(BAD_PUTS))
-def test_bad_put_arguments_are_rs005(world: str, make_role: MakeRole, case: str) -> None:
-    """Finding 0006-F6: unchecked inputs
-    ended in raw errors (23502, 54000); fixed: NULL elements refused,     channel/version/namespace
-    bounded."""
-    with connect_as(world, login(world, make_role, "A")) as worker:
+def test_bad_put_arguments_are_rs005(checkpointed_world: str, make_role: MakeRole, case: str) -> None:
+    """Finding 0006-F6: unchecked inputs ended in raw errors (23502, 54000); fixed: NULL elements
+    refused, channel/version/namespace bounded."""
+    with connect_as(checkpointed_world, login(checkpointed_world, make_role, "A")) as worker:
         assert sqlstate(worker, PUT, put_params(thread="bad", **BAD_PUTS[case])) == "RS005"
 
 
@@ -140,13 +81,12 @@ BAD_WRITES = {
 
 
 @pytest.mark.parametrize("case", list(BAD_WRITES))
-def test_bad_put_writes_arguments_are_rs005(world: str, make_role: MakeRole,
+def test_bad_put_writes_arguments_are_rs005(checkpointed_world: str, make_role: MakeRole,
                                                     case: str) -> None:
-    """Finding 0006-F6: unchecked inputs
-    ended in raw errors (23502, 54000); fixed: NULL elements refused,     channel/version/namespace
-    bounded."""
+    """Finding 0006-F6: unchecked inputs ended in raw errors (23502, 54000); fixed: NULL elements
+    refused, channel/version/namespace bounded."""
     params = {"tenant": "A", "thread": "bad", "ns": "", "id": "c1", "task": "x", "path": "",
               "idx": [0], "channels": ["c"], "types": ["null"], "blobs": [b""], "replace": False}
     params.update(BAD_WRITES[case])
-    with connect_as(world, login(world, make_role, "A")) as worker:
+    with connect_as(checkpointed_world, login(checkpointed_world, make_role, "A")) as worker:
         assert sqlstate(worker, PUT_WRITES, params) == "RS005"

@@ -15,87 +15,24 @@ import psycopg
 import pytest
 
 pytest.importorskip("langgraph")
-from helpers.db import bind, connect_as, sqlstate
+from helpers.db import connect_as, sqlstate
+from helpers.langgraph_fast_path import (
+    PUT_FAST,
+    UPDATE,
+    assert_head_is_stored,
+    fast_params,
+    loop_children,
+    state,
+)
+from helpers.langgraph_rows import PUT, PUT_WRITES, counts, login, put_params
 from langgraph.checkpoint.base import empty_checkpoint
 
-import replaysafe_pg
-from replaysafe_pg.langgraph import ReplaysafeSaver
-
 MakeRole = Callable[..., str]
-
-
-PUT = ("SELECT * FROM replaysafe.langgraph_put(p_tenant_id => %(tenant)s, "
-       "p_thread_id => %(thread)s, p_checkpoint_ns => %(ns)s, p_checkpoint_id => %(id)s, "
-       "p_parent_id => %(parent)s::text, p_checkpoint => %(cp)s::jsonb, "
-       "p_metadata => %(md)s::jsonb, p_channels => %(channels)s::text[], "
-       "p_versions => %(versions)s::text[], p_types => %(types)s::text[], "
-       "p_blobs => %(blobs)s::bytea[], p_history_limit => %(limit)s::integer)")
-
-
-PUT_WRITES = ("SELECT replaysafe.langgraph_put_writes(p_tenant_id => %(tenant)s, "
-              "p_thread_id => %(thread)s, p_checkpoint_ns => %(ns)s, "
-              "p_checkpoint_id => %(id)s, p_task_id => %(task)s, p_task_path => %(path)s, "
-              "p_idx => %(idx)s::integer[], p_channels => %(channels)s::text[], "
-              "p_types => %(types)s::text[], p_blobs => %(blobs)s::bytea[], "
-              "p_replace => %(replace)s)")
 
 
 LANGGRAPH_FUNCTIONS = ("langgraph_put", "langgraph_put_writes", "langgraph_get_tuple",
                        "langgraph_list", "langgraph_delete_thread", "langgraph_delete_for_runs",
                        "langgraph_copy_thread", "langgraph_prune")
-
-
-def put_params(tenant: str = "A", thread: str = "t", **over: Any) -> dict[str, Any]:
-    cp = empty_checkpoint()
-    params: dict[str, Any] = {
-        "tenant": tenant, "thread": thread, "ns": "", "id": cp["id"], "parent": None,
-        "cp": json.dumps({k: v for k, v in cp.items() if k != "channel_values"}),
-        "md": json.dumps({"source": "update", "step": 0}),
-        "channels": [], "versions": [], "types": [], "blobs": [], "limit": None}
-    params.update(over)
-    return params
-
-
-def seed_thread(saver: ReplaysafeSaver, thread_id: str, value: str) -> dict[str, Any]:
-    """One checkpoint with one value and one pending write, through the saver."""
-    config = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
-    cp = empty_checkpoint()
-    cp["channel_values"] = {"who": value}
-    cp["channel_versions"] = {"who": saver.get_next_version(None)}
-    stored = saver.put(config, cp, {"source": "input", "step": -1, "run_id": f"run-{value}"},
-                       cp["channel_versions"])
-    saver.put_writes(stored, [("who", value)], "task")
-    return stored
-
-
-def counts(dsn: str, tenant: str) -> tuple[int, ...]:
-    """Rows of ``tenant`` in each langgraph table, read as the schema owner."""
-    with psycopg.connect(dsn) as c:
-        row = c.execute(
-            "SELECT (SELECT count(*) FROM replaysafe.langgraph_checkpoints WHERE tenant_id = %(t)s),"
-            " (SELECT count(*) FROM replaysafe.langgraph_blobs WHERE tenant_id = %(t)s),"
-            " (SELECT count(*) FROM replaysafe.langgraph_writes WHERE tenant_id = %(t)s),"
-            " (SELECT count(*) FROM replaysafe.langgraph_namespaces WHERE tenant_id = %(t)s)",
-            {"t": tenant}).fetchone()
-    assert row is not None
-    return tuple(row)
-
-
-@pytest.fixture
-def world(dsn: str) -> str:
-    """Tenants A and B, each with a thread "t" (and B with "secret"), written by the owner."""
-    with ReplaysafeSaver(dsn, tenant_id="A") as a, ReplaysafeSaver(dsn, tenant_id="B") as b:
-        seed_thread(a, "t", "A")
-        seed_thread(b, "t", "B")
-        seed_thread(b, "secret", "B")
-    return dsn
-
-
-def login(dsn: str, make_role: MakeRole, tenant: str | None, group: str = "replaysafe_worker") -> str:
-    role = make_role(group)
-    if tenant is not None:
-        bind(dsn, role, tenant)
-    return role
 
 
 def b_calls() -> list[tuple[str, dict[str, Any] | None]]:
@@ -125,34 +62,34 @@ def b_calls() -> list[tuple[str, dict[str, Any] | None]]:
 
 @pytest.mark.parametrize("who", ["worker_a", "worker_a_set_role_group", "operator_a",
                                  "auditor_a", "auditor_unbound", "worker_unbound"])
-def test_no_role_reaches_another_tenants_checkpoints(world: str, make_role: MakeRole,
+def test_no_role_reaches_another_tenants_checkpoints(checkpointed_world: str, make_role: MakeRole,
                                                      who: str) -> None:
-    """An attack on the LangGraph checkpointer that failed (attempt 0006-A), kept as
-    a regression test."""
+    """An attack on the LangGraph checkpointer that failed (attempt 0006-A), kept as a regression
+    test."""
     group = {"operator_a": "replaysafe_operator", "auditor_a": "replaysafe_auditor",
              "auditor_unbound": "replaysafe_auditor"}.get(who, "replaysafe_worker")
     tenant = None if who.endswith("unbound") else "A"
-    before = counts(world, "B")
-    with connect_as(world, login(world, make_role, tenant, group)) as c:
+    before = counts(checkpointed_world, "B")
+    with connect_as(checkpointed_world, login(checkpointed_world, make_role, tenant, group)) as c:
         if who == "worker_a_set_role_group":
             c.execute("SET ROLE replaysafe_worker")
         states = [sqlstate(c, q, p) for q, p in b_calls()]
     assert set(states) <= {"RS004", "42501"}, states
-    assert counts(world, "B") == before
+    assert counts(checkpointed_world, "B") == before
 
 
 def test_tenant_a_cannot_name_tenant_bs_rows_from_its_own_tenant(
-        world: str, make_role: MakeRole) -> None:
+        checkpointed_world: str, make_role: MakeRole) -> None:
     """B's checkpoint ids and thread names, used under tenant A, reach only A's rows.
 
     An attack on the LangGraph checkpointer that failed (attempt 0006-A), kept as
     a regression test."""
-    with psycopg.connect(world) as owner:
+    with psycopg.connect(checkpointed_world) as owner:
         b_head = owner.execute("SELECT checkpoint_id FROM replaysafe.langgraph_checkpoints "
                                "WHERE tenant_id = 'B' AND thread_id = 'secret'").fetchone()
     assert b_head is not None
-    before = counts(world, "B")
-    with connect_as(world, login(world, make_role, "A")) as w:
+    before = counts(checkpointed_world, "B")
+    with connect_as(checkpointed_world, login(checkpointed_world, make_role, "A")) as w:
         assert w.execute("SELECT * FROM replaysafe.langgraph_get_tuple(p_tenant_id => 'A', "
                          "p_thread_id => 'secret', p_checkpoint_id => %s)", b_head).fetchall() == []
         assert w.execute("SELECT replaysafe.langgraph_copy_thread(p_tenant_id => 'A', "
@@ -166,12 +103,12 @@ def test_tenant_a_cannot_name_tenant_bs_rows_from_its_own_tenant(
         rows = w.execute("SELECT thread_id FROM replaysafe.langgraph_list(p_tenant_id => 'A', "
                          "p_filter => '{}', p_limit => NULL)").fetchall()
     assert rows == [("t",)]
-    assert counts(world, "B") == before
+    assert counts(checkpointed_world, "B") == before
 
 
 def test_langgraph_functions_build_no_sql_and_pin_their_search_path(dsn: str) -> None:
-    """An attack on the LangGraph checkpointer that failed (attempt 0006-A), kept as
-    a regression test."""
+    """An attack on the LangGraph checkpointer that failed (attempt 0006-A), kept as a regression
+    test."""
     with psycopg.connect(dsn) as c:
         rows = c.execute("SELECT proname, prosrc, prosecdef, proconfig FROM pg_proc "
                          "WHERE pronamespace = 'replaysafe'::regnamespace "
@@ -186,8 +123,8 @@ def test_langgraph_functions_build_no_sql_and_pin_their_search_path(dsn: str) ->
 
 def test_only_the_worker_group_may_call_the_langgraph_functions_and_nobody_reads_the_tables(
         dsn: str) -> None:
-    """An attack on the LangGraph checkpointer that failed (attempt 0006-A), kept as
-    a regression test."""
+    """An attack on the LangGraph checkpointer that failed (attempt 0006-A), kept as a regression
+    test."""
     with psycopg.connect(dsn) as c:
         grants = c.execute("""
             SELECT p.proname::text, coalesce(a.grantee::regrole::text, 'PUBLIC'), a.privilege_type
@@ -209,8 +146,8 @@ def test_only_the_worker_group_may_call_the_langgraph_functions_and_nobody_reads
 
 def test_default_privileges_open_no_langgraph_function_or_table(
         empty_dsn: str, make_role: MakeRole) -> None:
-    """An attack on the LangGraph checkpointer that failed (attempt 0006-A), kept as
-    a regression test."""
+    """An attack on the LangGraph checkpointer that failed (attempt 0006-A), kept as a regression
+    test."""
     app = make_role()
     grants = ("EXECUTE ON FUNCTIONS", "ALL ON TABLES", "USAGE ON TYPES")
     with psycopg.connect(empty_dsn, autocommit=True) as owner:
@@ -289,16 +226,16 @@ def qualified(query: str) -> str:
 
 
 def test_hostile_overloads_never_run_inside_the_langgraph_functions(
-        world: str, make_role: MakeRole, hostile_search_path: Any) -> None:
-    """An attack on the LangGraph checkpointer that failed (attempt 0006-A), kept as
-    a regression test."""
-    with psycopg.connect(world, autocommit=True) as owner:
+        checkpointed_world: str, make_role: MakeRole, hostile_search_path: Any) -> None:
+    """An attack on the LangGraph checkpointer that failed (attempt 0006-A), kept as a regression
+    test."""
+    with psycopg.connect(checkpointed_world, autocommit=True) as owner:
         names = hostile_search_path.called_names(owner)
         assert {"jsonb_each_text", "cardinality", "array_agg", "octet_length"} <= names
-        attacker = login(world, make_role, "A")
+        attacker = login(checkpointed_world, make_role, "A")
         owner.execute(f'GRANT CREATE ON SCHEMA public TO "{attacker}"')
     try:
-        with connect_as(world, attacker) as c:
+        with connect_as(checkpointed_world, attacker) as c:
             assert hostile_search_path.plant_overloads(c, names) > 100
             for op, typ in (("@>", "jsonb"), ("<", "text"), ("<=", "text"), (">", "text")):
                 fn = f"hijack_{typ}_{len(op)}_{ord(op[0])}"
@@ -313,24 +250,25 @@ def test_hostile_overloads_never_run_inside_the_langgraph_functions(
             c.execute("CREATE OPERATOR public.->> (LEFTARG = jsonb, RIGHTARG = text, "
                       "FUNCTION = public.hijack_get)")
         ok = []
-        for conn in (connect_as(world, attacker), psycopg.connect(world, autocommit=True)):
+        for conn in (connect_as(checkpointed_world, attacker),
+                     psycopg.connect(checkpointed_world, autocommit=True)):
             with conn as victim:
                 hostile_search_path.plant_temp_domains(victim)
                 victim.execute("SET search_path = public, pg_catalog")
                 ok.append(sum(sqlstate(victim, qualified(q), p) is None
                               for q, p in own_calls("A")))
-        with psycopg.connect(world, autocommit=True) as owner:
+        with psycopg.connect(checkpointed_world, autocommit=True) as owner:
             assert owner.execute("SELECT DISTINCT name FROM public.hijacked").fetchall() == []
         assert ok == [len(own_calls("A"))] * 2, ok
     finally:
-        with psycopg.connect(world, autocommit=True) as owner:
+        with psycopg.connect(checkpointed_world, autocommit=True) as owner:
             owner.execute("DROP TABLE IF EXISTS public.hijacked CASCADE")
             owner.execute(f'DROP OWNED BY "{attacker}" CASCADE')
 
 
 def test_doctor_notices_langgraph_privileges_and_rls_given_by_hand(dsn: str) -> None:
-    """An attack on the LangGraph checkpointer that failed (attempt 0006-A), kept as
-    a regression test."""
+    """An attack on the LangGraph checkpointer that failed (attempt 0006-A), kept as a regression
+    test."""
     from helpers.cli import run
 
     assert run("doctor", dsn=dsn).exit_code == 0
@@ -372,129 +310,29 @@ INSERT INTO public.bait VALUES (1), (0);
 
 
 def test_a_workers_index_expression_in_tenant_bs_analyze_reaches_no_checkpoint(
-        world: str, make_role: MakeRole) -> None:
-    """An attack on the LangGraph checkpointer that failed (attempt 0006-A), kept as
-    a regression test."""
-    attacker = login(world, make_role, "A")
-    victim = login(world, make_role, "B")
-    with psycopg.connect(world, autocommit=True) as owner:
+        checkpointed_world: str, make_role: MakeRole) -> None:
+    """An attack on the LangGraph checkpointer that failed (attempt 0006-A), kept as a regression
+    test."""
+    attacker = login(checkpointed_world, make_role, "A")
+    victim = login(checkpointed_world, make_role, "B")
+    with psycopg.connect(checkpointed_world, autocommit=True) as owner:
         owner.execute(f'GRANT CREATE ON SCHEMA public TO "{attacker}"')
-    before = counts(world, "B")
+    before = counts(checkpointed_world, "B")
     try:
-        with connect_as(world, attacker) as c:
+        with connect_as(checkpointed_world, attacker) as c:
             c.execute(SRO_BAIT)
             c.execute("CREATE INDEX bait_idx ON public.bait (public.idx_f(i))")
             c.execute("DELETE FROM public.loot")
             c.execute("GRANT MAINTAIN ON public.bait TO PUBLIC")
-        with connect_as(world, victim) as c:
+        with connect_as(checkpointed_world, victim) as c:
             c.execute("ANALYZE public.bait")
-        with psycopg.connect(world, autocommit=True) as owner:
+        with psycopg.connect(checkpointed_world, autocommit=True) as owner:
             loot = set(owner.execute("SELECT what, got FROM public.loot").fetchall())
         assert loot == {("list", "refused RS004"), ("delete", "refused RS004")}, loot
-        assert counts(world, "B") == before
+        assert counts(checkpointed_world, "B") == before
     finally:
-        with psycopg.connect(world, autocommit=True) as owner:
+        with psycopg.connect(checkpointed_world, autocommit=True) as owner:
             owner.execute(f'DROP OWNED BY "{attacker}" CASCADE')
-
-
-PUT_FAST = ("SELECT stored, head_checkpoint_id FROM replaysafe.langgraph_put("
-       "p_tenant_id => %(tenant)s, p_thread_id => %(thread)s, p_checkpoint_ns => %(ns)s, "
-       "p_checkpoint_id => %(id)s, p_parent_id => %(parent)s::text, "
-       "p_checkpoint => %(cp)s::jsonb, p_metadata => %(md)s::jsonb, "
-       "p_channels => %(channels)s::text[], p_versions => %(versions)s::text[], "
-       "p_types => %(types)s::text[], p_blobs => %(blobs)s::bytea[], "
-       "p_history_limit => %(limit)s::integer)")
-
-
-LOOP = json.dumps({"source": "loop", "step": 1})
-
-
-UPDATE = json.dumps({"source": "update", "step": 1})
-
-
-def fast_params(id_: str, parent: str | None, *, tenant: str = "A", thread: str = "t",
-                md: str = LOOP, **over: Any) -> dict[str, Any]:
-    p: dict[str, Any] = {
-        "tenant": tenant, "thread": thread, "ns": "", "id": id_, "parent": parent,
-        "cp": json.dumps({"id": id_, "channel_versions": {"c": id_}}), "md": md,
-        "channels": ["c"], "versions": [id_], "types": ["json"], "blobs": [id_.encode()],
-        "limit": None}
-    p.update(over)
-    return p
-
-
-def owner_one(dsn: str, query: str, args: Any = None) -> Any:
-    with psycopg.connect(dsn) as c:
-        row = c.execute(query.encode(), args).fetchone()
-    return row
-
-
-def state(dsn: str, tenant: str = "A", thread: str = "t") -> dict[str, Any]:
-    """Everything of one thread, read as the owner."""
-    with psycopg.connect(dsn) as c:
-        head = c.execute("SELECT head, refused FROM replaysafe.langgraph_namespaces "
-                         "WHERE tenant_id = %s AND thread_id = %s AND checkpoint_ns = ''",
-                         (tenant, thread)).fetchone()
-        cps = c.execute("SELECT checkpoint_id, parent_checkpoint_id, metadata ->> 'source' "
-                        "FROM replaysafe.langgraph_checkpoints "
-                        "WHERE tenant_id = %s AND thread_id = %s ORDER BY 1",
-                        (tenant, thread)).fetchall()
-        blobs = c.execute("SELECT version FROM replaysafe.langgraph_blobs "
-                          "WHERE tenant_id = %s AND thread_id = %s ORDER BY 1",
-                          (tenant, thread)).fetchall()
-        writes = c.execute("SELECT checkpoint_id FROM replaysafe.langgraph_writes "
-                           "WHERE tenant_id = %s AND thread_id = %s ORDER BY 1",
-                           (tenant, thread)).fetchall()
-    return {"head": head[0] if head else None, "refused": head[1] if head else None,
-            "checkpoints": cps, "blobs": [b[0] for b in blobs],
-            "writes": [w[0] for w in writes]}
-
-
-def assert_head_is_stored(dsn: str) -> None:
-    """The namespace invariant: every head names a stored checkpoint of its namespace."""
-    dangling = owner_one(dsn, """
-        SELECT count(*) FROM replaysafe.langgraph_namespaces n
-        WHERE n.head IS NOT NULL AND NOT EXISTS (
-            SELECT 1 FROM replaysafe.langgraph_checkpoints c
-            WHERE (c.tenant_id, c.thread_id, c.checkpoint_ns, c.checkpoint_id)
-                = (n.tenant_id, n.thread_id, n.checkpoint_ns, n.head))""")
-    assert dangling == (0,)
-
-
-def loop_children(dsn: str, parent: str, tenant: str = "A", thread: str = "t") -> list[str]:
-    with psycopg.connect(dsn) as c:
-        return [r[0] for r in c.execute(
-            "SELECT checkpoint_id FROM replaysafe.langgraph_checkpoints WHERE tenant_id = %s "
-            "AND thread_id = %s AND parent_checkpoint_id = %s "
-            "AND metadata ->> 'source' IN ('input', 'loop') ORDER BY 1",
-            (tenant, thread, parent)).fetchall()]
-
-
-@pytest.fixture
-def revision(dsn: str) -> str:
-    revision = replaysafe_pg.current_revision(dsn)
-    assert revision is not None
-    return revision
-
-
-@pytest.fixture
-def fast_path_world(dsn: str, revision: str) -> str:
-    """Tenant A's thread t: p0 <- p1 (the head), stored by the owner; tenant B's thread t:
-    b0 <- b1 (the head)."""
-    with psycopg.connect(dsn, autocommit=True) as owner:
-        for tenant, ids in (("A", ("p0", "p1")), ("B", ("b0", "b1"))):
-            owner.execute(PUT_FAST, fast_params(ids[0], None, tenant=tenant, md=json.dumps(
-                {"source": "input", "step": -1})))
-            owner.execute(PUT_FAST, fast_params(ids[1], ids[0], tenant=tenant))
-    return dsn
-
-
-@pytest.fixture
-def fast_path_worker(fast_path_world: str, make_role: MakeRole) -> str:
-    """A LOGIN role in replaysafe_worker bound to tenant A."""
-    role = make_role("replaysafe_worker")
-    bind(fast_path_world, role, "A")
-    return role
 
 
 @pytest.mark.parametrize("tenant", ["B", "b", "B ", " B", "B\u200b"])

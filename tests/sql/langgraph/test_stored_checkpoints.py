@@ -5,67 +5,22 @@ stored checkpoint was rewritten."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import json
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pytest
 from helpers.db import bind, connect_as
-
-import replaysafe_pg
+from helpers.langgraph_fast_path import PUT_FAST, fast_params
 
 Conn = psycopg.Connection[Any]
-
-
-@pytest.fixture
-def two_workers(dsn: str, make_role: Callable[..., str]) -> Iterator[tuple[Conn, Conn, Conn]]:
-    """Worker 1 and worker 2 of tenant A (LOGIN roles in replaysafe_worker), and a listener."""
-    roles = [make_role("replaysafe_worker") for _ in range(2)]
-    for role in roles:
-        bind(dsn, role, "A")
-    with connect_as(dsn, roles[0]) as w1, connect_as(dsn, roles[1]) as w2, \
-            psycopg.connect(dsn, autocommit=True) as listener:
-        listener.execute("LISTEN replaysafe_actions")
-        yield w1, w2, listener
-
-
-def refused(conn: Conn, sql: str, *args: Any) -> None:
-    with pytest.raises(psycopg.Error) as raised:
-        conn.execute(sql, args)
-    assert raised.value.sqlstate == "RS004", raised.value
-
-
-@pytest.fixture
-def new_db_at(admin_dsn: str) -> Iterator[Callable[[str], str]]:
-    import uuid
-
-    from psycopg import conninfo
-
-    made: list[str] = []
-
-    def make(revision: str) -> str:
-        name = f"rs_tok_{uuid.uuid4().hex[:10]}"
-        with psycopg.connect(admin_dsn, autocommit=True) as c:
-            c.execute(f'CREATE DATABASE "{name}"')
-        made.append(name)
-        dsn = conninfo.make_conninfo(admin_dsn, dbname=name)
-        replaysafe_pg.migrate(dsn, revision)
-        return dsn
-
-    yield make
-    with psycopg.connect(admin_dsn, autocommit=True) as c:
-        for name in made:
-            c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 # --- a stored checkpoint is never rewritten in place --------------------------------------------------
 
 def _put(conn: Conn, id_: str, parent: str | None, md: dict[str, Any]) -> Any:
-    import json
-
-    from test_fast_path_put import PUT, params
-
-    return conn.execute(PUT, params(id_, parent, md=json.dumps(md))).fetchone()
+    return conn.execute(PUT_FAST, fast_params(id_, parent, md=json.dumps(md))).fetchone()
 
 
 @pytest.mark.parametrize("revision", ["0010", "head"])

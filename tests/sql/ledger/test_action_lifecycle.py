@@ -8,6 +8,7 @@ from typing import Any
 import psycopg
 import pytest
 from helpers.db import derived_key
+from helpers.fixed_clock import LEASE, at
 
 from replaysafe_pg import (
     ActionState,
@@ -17,13 +18,6 @@ from replaysafe_pg import (
     LeaseLost,
     Ledger,
 )
-
-T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
-LEASE = timedelta(seconds=30)
-
-
-def at(seconds: float) -> datetime:
-    return T0 + timedelta(seconds=seconds)
 
 
 def unclaimed(key: str, attempt: int) -> AttemptToken:

@@ -8,43 +8,20 @@ number was the only fence, to show what it did there."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pytest
-from helpers.db import bind, connect_as
+from helpers.claim_tokens import claim_as
+from helpers.db import refused
 
 import replaysafe_pg
 
 Conn = psycopg.Connection[Any]
 
 
-CLAIM = ("SELECT outcome, attempt, attempt_token, lease_expires_at FROM replaysafe.claim_action("
-         "p_tenant_id => 'A', p_action_key => %s, p_operation => 'refund', p_request => '{}', "
-         "p_worker_id => %s, p_lease => %s::interval, p_on_expired => %s, p_claim_token => %s)")
-
-
 FORGED = "rsat_" + "0" * 64
-
-
-@pytest.fixture
-def two_workers(dsn: str, make_role: Callable[..., str]) -> Iterator[tuple[Conn, Conn, Conn]]:
-    """Worker 1 and worker 2 of tenant A (LOGIN roles in replaysafe_worker), and a listener."""
-    roles = [make_role("replaysafe_worker") for _ in range(2)]
-    for role in roles:
-        bind(dsn, role, "A")
-    with connect_as(dsn, roles[0]) as w1, connect_as(dsn, roles[1]) as w2, \
-            psycopg.connect(dsn, autocommit=True) as listener:
-        listener.execute("LISTEN replaysafe_actions")
-        yield w1, w2, listener
-
-
-def claim(conn: Conn, key: str, *, worker: str = "w", lease: str = "30 seconds",
-          on_expired: str = "unknown", claim_token: str | None = None) -> tuple[Any, ...]:
-    row = conn.execute(CLAIM, (key, worker, lease, on_expired, claim_token)).fetchone()
-    assert row is not None
-    return tuple(row)
 
 
 def everything(dsn: str, key: str) -> tuple[Any, ...]:
@@ -62,12 +39,6 @@ def everything(dsn: str, key: str) -> tuple[Any, ...]:
 
 def wakeups(listener: Conn) -> list[str]:
     return [n.payload for n in listener.notifies(timeout=0.2)]
-
-
-def refused(conn: Conn, sql: str, *args: Any) -> None:
-    with pytest.raises(psycopg.Error) as raised:
-        conn.execute(sql, args)
-    assert raised.value.sqlstate == "RS004", raised.value
 
 
 def expire(dsn: str, key: str) -> None:
@@ -91,29 +62,6 @@ REPORTS = {
 @pytest.fixture
 def at_0010(new_db_at: Callable[[str], str]) -> str:
     return new_db_at("0010")
-
-
-@pytest.fixture
-def new_db_at(admin_dsn: str) -> Iterator[Callable[[str], str]]:
-    import uuid
-
-    from psycopg import conninfo
-
-    made: list[str] = []
-
-    def make(revision: str) -> str:
-        name = f"rs_tok_{uuid.uuid4().hex[:10]}"
-        with psycopg.connect(admin_dsn, autocommit=True) as c:
-            c.execute(f'CREATE DATABASE "{name}"')
-        made.append(name)
-        dsn = conninfo.make_conninfo(admin_dsn, dbname=name)
-        replaysafe_pg.migrate(dsn, revision)
-        return dsn
-
-    yield make
-    with psycopg.connect(admin_dsn, autocommit=True) as c:
-        for name in made:
-            c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 # --- on 0010 the attempt number was the only fence ---------------------------------------------
@@ -146,18 +94,18 @@ def test_on_0010_a_colleague_settled_and_shortened_what_it_did_not_hold(at_0010:
 def test_a_worker_cannot_settle_a_colleagues_unknown_action(
         dsn: str, two_workers: tuple[Conn, Conn, Conn], report: str) -> None:
     w1, w2, listener = two_workers
-    outcome, attempt, token, _lease = claim(w1, "k", worker="w1", lease="1 second")
+    outcome, attempt, token, _lease = claim_as(w1, "k", worker="w1", lease="1 second")
     assert outcome == "claimed" and token.startswith("rsat_")
-    claim(w2, "k", worker="w2")  # a waiter: the switch to unknown would wake it
+    claim_as(w2, "k", worker="w2")  # a waiter: the switch to unknown would wake it
     expire(dsn, "k")
-    assert claim(w2, "k", worker="w2")[0] == "unknown"
+    assert claim_as(w2, "k", worker="w2")[0] == "unknown"
     wakeups(listener)
     before = everything(dsn, "k")
     for forged in (FORGED, token[:-1] + ("0" if token[-1] != "0" else "1"), "rsat_", "x"):
         refused(w2, REPORTS[report], "k", attempt, forged)
     assert everything(dsn, "k") == before
     assert wakeups(listener) == []
-    assert claim(w2, "k", worker="w2")[0] == "unknown"  # nothing to replay, nothing re-run
+    assert claim_as(w2, "k", worker="w2")[0] == "unknown"  # nothing to replay, nothing re-run
     # The holder itself still may: its report after the expiry is late and settles it.
     assert w1.execute(REPORTS["complete"], ("k", attempt, token)).fetchone() == ("late",)
 
@@ -165,7 +113,7 @@ def test_a_worker_cannot_settle_a_colleagues_unknown_action(
 def test_a_missing_token_is_invalid_and_writes_nothing(dsn: str,
                                                         two_workers: tuple[Conn, Conn, Conn]) -> None:
     w1, _w2, _listener = two_workers
-    _outcome, attempt, _token, _lease = claim(w1, "k")
+    _outcome, attempt, _token, _lease = claim_as(w1, "k")
     before = everything(dsn, "k")
     for token in (None, "", "t" * 513):
         for sql in REPORTS.values():
@@ -185,7 +133,7 @@ HEARTBEAT = ("SELECT replaysafe.heartbeat_action(p_tenant_id => 'A', p_action_ke
 def test_a_worker_cannot_end_a_colleagues_live_lease(dsn: str,
                                                      two_workers: tuple[Conn, Conn, Conn]) -> None:
     w1, w2, listener = two_workers
-    _o, attempt, token, lease = claim(w1, "k", worker="w1", lease="5 minutes", on_expired="reclaim")
+    _o, attempt, token, lease = claim_as(w1, "k", worker="w1", lease="5 minutes", on_expired="reclaim")
     before = everything(dsn, "k")
     refused(w2, HEARTBEAT, "k", attempt, FORGED, "1 microsecond")
     for report in REPORTS.values():  # nor settle the attempt while it runs
@@ -193,19 +141,19 @@ def test_a_worker_cannot_end_a_colleagues_live_lease(dsn: str,
     assert everything(dsn, "k") == before
     # Not even its holder shortens it: a heartbeat extends, never cuts.
     assert w1.execute(HEARTBEAT, ("k", attempt, token, "1 microsecond")).fetchone() == (lease,)
-    assert claim(w2, "k", worker="w2")[0] == "running"  # under reclaim: no attempt 2
-    assert claim(w2, "k", worker="w2")[1] == 1
+    assert claim_as(w2, "k", worker="w2")[0] == "running"  # under reclaim: no attempt 2
+    assert claim_as(w2, "k", worker="w2")[1] == 1
     assert wakeups(listener) == []
 
 
 def test_a_heartbeat_with_the_right_token_extends_and_a_stale_one_is_lease_lost(
         dsn: str, two_workers: tuple[Conn, Conn, Conn]) -> None:
     w1, w2, _listener = two_workers
-    _o, attempt, token, lease = claim(w1, "k", worker="w1", lease="1 second", on_expired="reclaim")
+    _o, attempt, token, lease = claim_as(w1, "k", worker="w1", lease="1 second", on_expired="reclaim")
     (extended,) = w1.execute(HEARTBEAT, ("k", attempt, token, "1 minute")).fetchone()  # type: ignore[misc]
     assert extended > lease
     expire(dsn, "k")
-    assert claim(w2, "k", worker="w2", on_expired="reclaim")[:2] == ("claimed", 2)
+    assert claim_as(w2, "k", worker="w2", on_expired="reclaim")[:2] == ("claimed", 2)
     with pytest.raises(psycopg.Error) as raised:
         w1.execute(HEARTBEAT, ("k", attempt, token, "1 minute"))
     assert raised.value.sqlstate == "RS002"
@@ -216,9 +164,9 @@ def test_a_heartbeat_with_the_right_token_extends_and_a_stale_one_is_lease_lost(
 def test_a_worker_cannot_rewrite_a_colleagues_finished_attempt(
         dsn: str, two_workers: tuple[Conn, Conn, Conn]) -> None:
     w1, w2, listener = two_workers
-    _o, first, _first_token, _l = claim(w1, "k", worker="w1", lease="1 second", on_expired="reclaim")
+    _o, first, _first_token, _l = claim_as(w1, "k", worker="w1", lease="1 second", on_expired="reclaim")
     expire(dsn, "k")
-    _o, second, second_token, _l = claim(w2, "k", worker="w2", on_expired="reclaim")
+    _o, second, second_token, _l = claim_as(w2, "k", worker="w2", on_expired="reclaim")
     assert (first, second) == (1, 2)
     before = everything(dsn, "k")
     assert '"lease_expired"' in before[1]  # attempt 1's evidence
@@ -234,9 +182,9 @@ def test_a_worker_cannot_rewrite_a_colleagues_finished_attempt(
 def test_an_attempts_final_report_is_written_once(dsn: str,
                                                   two_workers: tuple[Conn, Conn, Conn]) -> None:
     w1, w2, _listener = two_workers
-    _o, first, first_token, _l = claim(w1, "k", worker="w1", lease="1 second", on_expired="reclaim")
+    _o, first, first_token, _l = claim_as(w1, "k", worker="w1", lease="1 second", on_expired="reclaim")
     expire(dsn, "k")
-    claim(w2, "k", worker="w2", on_expired="reclaim")
+    claim_as(w2, "k", worker="w2", on_expired="reclaim")
     # Attempt 1's holder reports late: superseded (attempt 2 runs), kept on its row once.
     fail = REPORTS["fail_retryable"].replace("p_retryable => true", "p_retryable => false")
     assert w1.execute(fail, ("k", first, first_token)).fetchone() == ("superseded",)
@@ -249,7 +197,7 @@ def test_an_attempts_final_report_is_written_once(dsn: str,
 def test_a_provisional_unknown_is_replaced_by_the_attempts_final_report(
         dsn: str, two_workers: tuple[Conn, Conn, Conn]) -> None:
     w1, _w2, _listener = two_workers
-    _o, attempt, token, _l = claim(w1, "k", worker="w1")
+    _o, attempt, token, _l = claim_as(w1, "k", worker="w1")
     assert w1.execute(REPORTS["mark_unknown"], ("k", attempt, token)).fetchone() == ("recorded",)
     assert w1.execute(REPORTS["complete"], ("k", attempt, token)).fetchone() == ("late",)
     with psycopg.connect(dsn) as c:
@@ -263,16 +211,16 @@ def test_a_provisional_unknown_is_replaced_by_the_attempts_final_report(
 def test_holding_a_transaction_until_a_lease_runs_out_gains_nothing(
         dsn: str, two_workers: tuple[Conn, Conn, Conn], on_expired: str) -> None:
     w1, w2, _listener = two_workers
-    _o, attempt, token, _l = claim(w1, "k", worker="w1", lease="1 second", on_expired=on_expired)
+    _o, attempt, token, _l = claim_as(w1, "k", worker="w1", lease="1 second", on_expired=on_expired)
     with w2.transaction():
-        assert claim(w2, "k", worker="w2", on_expired=on_expired)[0] == "running"  # row locked
+        assert claim_as(w2, "k", worker="w2", on_expired=on_expired)[0] == "running"  # row locked
         time.sleep(1.2)  # the lease runs out while the transaction holds the row
-        again = claim(w2, "k", worker="w2", on_expired=on_expired)
+        again = claim_as(w2, "k", worker="w2", on_expired=on_expired)
         assert again[:2] == ("running", 1) and again[2] is None
         with psycopg.connect(dsn, autocommit=True) as c:
             c.execute("SELECT replaysafe.sweep_expired_actions()")  # skips the locked row
     # After it, a fresh claim sees the lease expired before its transaction: now it may.
-    assert claim(w2, "k", worker="w2", on_expired=on_expired)[0] == (
+    assert claim_as(w2, "k", worker="w2", on_expired=on_expired)[0] == (
         "claimed" if on_expired == "reclaim" else "unknown")
     outcome = w1.execute(REPORTS["complete"], ("k", attempt, token)).fetchone()
     assert outcome == (("superseded",) if on_expired == "reclaim" else ("late",))
@@ -281,7 +229,7 @@ def test_holding_a_transaction_until_a_lease_runs_out_gains_nothing(
 def test_a_sweep_inside_a_transaction_takes_over_no_lease_that_was_live_when_it_began(
         dsn: str, two_workers: tuple[Conn, Conn, Conn]) -> None:
     w1, w2, _listener = two_workers
-    claim(w1, "k", worker="w1", lease="1 second", on_expired="reclaim")
+    claim_as(w1, "k", worker="w1", lease="1 second", on_expired="reclaim")
     with w2.transaction():
         w2.execute("SELECT 1")
         time.sleep(1.2)
@@ -333,10 +281,10 @@ def test_a_heartbeat_that_waited_for_a_colleagues_lock_lands_a_live_lease(
     import threading
 
     w1, w2, _listener = two_workers
-    _o, attempt, token, _l = claim(w1, "k", worker="w1", lease="2 seconds", on_expired="reclaim")
+    _o, attempt, token, _l = claim_as(w1, "k", worker="w1", lease="2 seconds", on_expired="reclaim")
     beat: list[Any] = []
     with w2.transaction():
-        assert claim(w2, "k", worker="w2", on_expired="reclaim")[0] == "running"
+        assert claim_as(w2, "k", worker="w2", on_expired="reclaim")[0] == "running"
         t = threading.Thread(target=lambda: beat.append(
             w1.execute(HEARTBEAT, ("k", attempt, token, "2 seconds")).fetchone()), daemon=True)
         t.start()
@@ -352,7 +300,7 @@ def test_a_heartbeat_that_waited_for_a_colleagues_lock_lands_a_live_lease(
     with psycopg.connect(dsn) as c:
         (now,) = c.execute("SELECT clock_timestamp()").fetchone()  # type: ignore[misc]
     assert expires > now
-    assert claim(w2, "k", worker="w2", on_expired="reclaim")[:2] == ("running", 1)
+    assert claim_as(w2, "k", worker="w2", on_expired="reclaim")[:2] == ("running", 1)
 
 
 def test_an_old_attempts_report_never_locks_the_action(dsn: str,
@@ -360,9 +308,9 @@ def test_an_old_attempts_report_never_locks_the_action(dsn: str,
     """A report on an older attempt is superseded for good and changes that attempt's row
     only: held open in a transaction it does not stop the running attempt's heartbeat."""
     w1, w2, _listener = two_workers
-    _o, old, old_token, _l = claim(w2, "k", worker="w2", lease="1 second", on_expired="reclaim")
+    _o, old, old_token, _l = claim_as(w2, "k", worker="w2", lease="1 second", on_expired="reclaim")
     expire(dsn, "k")
-    _o, current, token, _l = claim(w1, "k", worker="w1", on_expired="reclaim")
+    _o, current, token, _l = claim_as(w1, "k", worker="w1", on_expired="reclaim")
     with w2.transaction():
         assert w2.execute(REPORTS["mark_unknown"], ("k", old, old_token)).fetchone() == ("superseded",)
         w1.execute("SET lock_timeout = '1s'")
@@ -383,9 +331,9 @@ def test_an_attempt_claimed_with_a_claim_token_before_the_upgrade_can_report_aft
                       "p_lease => '1 hour', p_claim_token => %s)", (key, token))
     replaysafe_pg.migrate(dsn)
     with psycopg.connect(dsn, autocommit=True) as c:
-        again = claim(c, "with", claim_token=secret)
+        again = claim_as(c, "with", claim_token=secret)
         assert again[:2] == ("claimed", 1) and again[2].startswith("rsat_")
         assert c.execute(REPORTS["complete"], ("with", 1, again[2])).fetchone() == ("recorded",)
         # Without a claim token there is no token to ask for again: nothing can report.
-        assert claim(c, "without")[0] == "running"
+        assert claim_as(c, "without")[0] == "running"
         refused(c, REPORTS["complete"], "without", 1, FORGED)

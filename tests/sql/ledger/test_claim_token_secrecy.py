@@ -10,13 +10,14 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from datetime import UTC, datetime, timedelta
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pytest
+from helpers.claim_tokens import claim_as
 from helpers.db import bind, connect_as, owner_rows, sqlstate
+from helpers.seeded_tenants import CLAIM, b_rows, secret_of
 from psycopg import conninfo as pg_conninfo
 
 import replaysafe_pg
@@ -27,70 +28,12 @@ Conn = psycopg.Connection[Any]
 MakeRole = Callable[..., str]
 
 
-CLAIM = ("SELECT outcome, attempt, attempt_token FROM replaysafe.claim_action(p_tenant_id => %(tenant)s, "
-         "p_action_key => %(key)s, p_operation => 'refund', p_request => '{}', "
-         "p_worker_id => %(worker)s, p_lease => %(lease)s::interval, "
-         "p_claim_token => %(token)s::text)")
-
-
 def claim(c: Conn, key: str, token: str | None, *, tenant: str = "A", worker: str = "w",
           lease: str = "1 hour") -> tuple[Any, ...]:
     row = c.execute(CLAIM.encode(), {"tenant": tenant, "key": key, "worker": worker,
                                      "lease": lease, "token": token}).fetchone()
     assert row is not None
     return tuple(row)
-
-
-def secret_of(tenant: str) -> str:
-    """The claim token of a tenant's live claim (claim tokens are 22 characters or more)."""
-    return f"secret-claim-token-of-tenant-{tenant}"
-
-
-def token_of(row: tuple[Any, ...] | None) -> str:
-    """The attempt token of a claim's answer (its last column)."""
-    assert row is not None and row[-1] is not None, row
-    token: str = row[-1]
-    return token
-
-
-@pytest.fixture
-def world(dsn: str) -> str:
-    """Tenants A and B, each with a live claim (token known only to its claimer), a finished
-    action, an expired lease, an old finished action, a multi-effect action and a thread."""
-    old = datetime.now(UTC) - timedelta(days=30)
-    claim_sql = ("SELECT attempt_token FROM replaysafe.claim_action(p_tenant_id => %s, "
-                 "p_action_key => %s, p_operation => 'refund', p_request => '{}', p_worker_id => 'w', "
-                 "p_lease => %s::interval, p_on_expired => %s, "
-                 "p_now => coalesce(%s::timestamptz, clock_timestamp()))")
-    complete_sql = ("SELECT replaysafe.complete_action(p_tenant_id => %s, p_action_key => %s, "
-                    "p_attempt => %s, p_attempt_token => %s, p_result => '{}', "
-                    "p_now => coalesce(%s::timestamptz, clock_timestamp()))")
-
-    def claim_at(c: Conn, t: str, key: str, *, lease: str = "30 seconds",
-                 on_expired: str = "unknown", now: datetime | None = None) -> str:
-        return token_of(c.execute(claim_sql, (t, key, lease, on_expired, now)).fetchone())
-
-    with psycopg.connect(dsn, autocommit=True) as c:
-        for t in ("A", "B"):
-            c.execute(CLAIM.encode(), {"tenant": t, "key": "live", "worker": "w", "lease": "1 hour",
-                                       "token": secret_of(t)})
-            done = claim_at(c, t, "done")
-            c.execute(complete_sql, (t, "done", 1, done, None))
-            claim_at(c, t, "expired", lease="1 minute", now=old)
-            c.execute(complete_sql, (t, "old", 1, claim_at(c, t, "old", now=old), old))
-            # Two successful attempts: attempt 1's lease expires (reclaim), attempt 2 claims.
-            first = claim_at(c, t, "multi", lease="1 minute", on_expired="reclaim", now=old)
-            second = claim_at(c, t, "multi", on_expired="reclaim")
-            for attempt, token in ((2, second), (1, first)):
-                c.execute(complete_sql, (t, "multi", attempt, token, None))
-            c.execute("SELECT replaysafe.write_thread(p_tenant_id => %s, p_thread_id => 'mine', "
-                      "p_expected_version => 0, p_state => '{\"n\": 1}', p_user_id => 'alice')", (t,))
-    return dsn
-
-
-def b_rows(dsn: str) -> list[tuple[Any, ...]]:
-    return owner_rows(dsn, "SELECT action_key, state::text, attempt, result FROM replaysafe.actions "
-                           "WHERE tenant_id = 'B' ORDER BY 1")
 
 
 CLAIM_MANY = ("SELECT outcome FROM replaysafe.claim_actions(p_tenant_id => 'A', "
@@ -104,6 +47,7 @@ CLAIM_MANY = ("SELECT outcome FROM replaysafe.claim_actions(p_tenant_id => 'A', 
 @pytest.mark.parametrize("tokens", [
     pytest.param(shape.replace("tok-", "claim-token-of-key-"), id=shape)
     for shape in ("[0:1]={tok-a,tok-b}", "[2:3]={tok-a,tok-b}", "{{tok-a},{tok-b}}")])
+@pytest.mark.usefixtures("claimed_world")
 def test_claim_actions_refuses_tokens_that_do_not_line_up(worker_a: Conn,
                                                                   tokens: str) -> None:
     """One token per key, by position (SPEC §2): an array with another lower bound or two
@@ -119,7 +63,7 @@ def test_claim_actions_refuses_tokens_that_do_not_line_up(worker_a: Conn,
     assert (state, kept) == ("RS005", (0,))
 
 
-def test_no_role_can_read_a_claim_token(world: str, make_role: MakeRole) -> None:
+def test_no_role_can_read_a_claim_token(claimed_world: str, make_role: MakeRole) -> None:
     """The database keeps only the tokens' sha256, on replaysafe.actions (the claim token's and
     the attempt token's) and replaysafe.action_attempts (the attempt token's), and
     installation.token_secret derives attempt tokens; the views list their columns, so none
@@ -128,7 +72,7 @@ def test_no_role_can_read_a_claim_token(world: str, make_role: MakeRole) -> None
 
     An attack that failed (attempt 0004/0005-A), kept as a
     regression test."""
-    hashes = owner_rows(world, """
+    hashes = owner_rows(claimed_world, """
         SELECT c.relname::text, a.attname::text FROM pg_class c
         JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
         WHERE c.relnamespace = 'replaysafe'::regnamespace AND c.relkind = 'r'
@@ -136,7 +80,7 @@ def test_no_role_can_read_a_claim_token(world: str, make_role: MakeRole) -> None
     assert hashes == [("action_attempts", "attempt_token_hash"), ("actions", "attempt_token_hash"),
                       ("actions", "claim_token_hash"), ("installation", "token_secret")], hashes
     for group in ("replaysafe_worker", "replaysafe_operator", "replaysafe_auditor"):
-        rows = owner_rows(world, """
+        rows = owner_rows(claimed_world, """
             SELECT c.relname::text, a.attname::text FROM pg_class c
             JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
             WHERE c.relnamespace = 'replaysafe'::regnamespace
@@ -144,7 +88,7 @@ def test_no_role_can_read_a_claim_token(world: str, make_role: MakeRole) -> None
               AND a.attname LIKE '%%token%%'""", (group,))
         assert rows == [], (group, rows)
     auditor = make_role("replaysafe_auditor")  # unbound: reads every tenant
-    with connect_as(world, auditor) as c:
+    with connect_as(claimed_world, auditor) as c:
         everything = json.dumps([c.execute(f"SELECT * FROM replaysafe.{v}".encode()).fetchall()
                                  for v in ("actions_v", "action_attempts_v", "unresolved_actions",
                                            "multi_effect_actions")], default=str)
@@ -155,13 +99,12 @@ def test_no_role_can_read_a_claim_token(world: str, make_role: MakeRole) -> None
         assert sqlstate(c, "SELECT claim_token_hash FROM replaysafe._visible_actions") == "42501"
 
 
-def test_a_token_matches_only_its_own_live_attempt(world: str, worker_a: Conn,
+def test_a_token_matches_only_its_own_live_attempt(claimed_world: str, worker_a: Conn,
                                                    make_role: MakeRole) -> None:
-    """An attack that failed (attempt 0004/0005-A), kept as a
-    regression test."""
+    """An attack that failed (attempt 0004/0005-A), kept as a regression test."""
     peer = make_role("replaysafe_worker")  # another worker of tenant A
-    bind(world, peer, "A")
-    with connect_as(world, peer) as c:
+    bind(claimed_world, peer, "A")
+    with connect_as(claimed_world, peer) as c:
         for token in (None, secret_of("B"), secret_of("A").upper(), secret_of("A") + " ",
                       secret_of("")):
             assert claim(c, "live", token)[0] == "running", token
@@ -177,10 +120,10 @@ def test_a_token_matches_only_its_own_live_attempt(world: str, worker_a: Conn,
     # A claim without a token never matches an attempt claimed without one (NULL = NULL).
     assert claim(worker_a, "untokened", None)[0] == "claimed"
     assert claim(worker_a, "untokened", None)[0] == "running"
-    assert b_rows(world)[2][:3] == ("live", "running", 1)
+    assert b_rows(claimed_world)[2][:3] == ("live", "running", 1)
 
 
-def test_a_token_is_not_in_a_peers_pg_stat_activity(world: str, make_role: MakeRole) -> None:
+def test_a_token_is_not_in_a_peers_pg_stat_activity(claimed_world: str, make_role: MakeRole) -> None:
     """Workers of a tenant often share one login (docs/isolation.md's how-to), and
     pg_stat_activity shows a session's query to its own role. The driver sends the token as a
     bound parameter: a peer sees `$10`, never the token.
@@ -188,12 +131,12 @@ def test_a_token_is_not_in_a_peers_pg_stat_activity(world: str, make_role: MakeR
     An attack that failed (attempt 0004/0005-A), kept as a
     regression test."""
     login = make_role("replaysafe_worker")
-    bind(world, login, "A")
+    bind(claimed_world, login, "A")
     token = "tok-" + uuid.uuid4().hex
-    blocker = psycopg.connect(world)  # the owner holds A's row, so the claim waits in flight
+    blocker = psycopg.connect(claimed_world)  # the owner holds A's row, so the claim waits in flight
     blocker.execute("SELECT 1 FROM replaysafe.actions WHERE tenant_id = 'A' "
                     "AND action_key = 'live' FOR UPDATE")
-    role_dsn = pg_conninfo.make_conninfo(world, user=login)
+    role_dsn = pg_conninfo.make_conninfo(claimed_world, user=login)
     done: list[Any] = []
 
     def claimer() -> None:
@@ -203,7 +146,7 @@ def test_a_token_is_not_in_a_peers_pg_stat_activity(world: str, make_role: MakeR
     t = threading.Thread(target=claimer)
     t.start()
     try:
-        with connect_as(world, login) as peer:
+        with connect_as(claimed_world, login) as peer:
             seen = ""
             for _ in range(100):
                 rows = peer.execute("SELECT query FROM pg_stat_activity WHERE usename = "
@@ -221,6 +164,7 @@ def test_a_token_is_not_in_a_peers_pg_stat_activity(world: str, make_role: MakeR
     assert done and done[0].outcome == "running"
 
 
+@pytest.mark.usefixtures("claimed_world")
 def test_a_token_is_not_answered_after_its_lease_expired(worker_a: Conn) -> None:
     """SPEC §2: the token answers "claimed" again only "as long as that lease has not
     expired". A worker may pass a p_now up to 5 minutes in the past, and the token branch
@@ -244,30 +188,6 @@ def test_a_token_is_not_answered_after_its_lease_expired(worker_a: Conn) -> None
         b"p_worker_id => 'w', p_claim_token => 'a-back-dated-claim-token', p_now => %s)",
         replay_at).fetchone()
     assert again is not None and again[0] != "claimed", again
-
-
-CLAIM_AS = ("SELECT outcome, attempt, attempt_token, lease_expires_at FROM replaysafe.claim_action("
-         "p_tenant_id => 'A', p_action_key => %s, p_operation => 'refund', p_request => '{}', "
-         "p_worker_id => %s, p_lease => %s::interval, p_on_expired => %s, p_claim_token => %s)")
-
-
-@pytest.fixture
-def two_workers(dsn: str, make_role: Callable[..., str]) -> Iterator[tuple[Conn, Conn, Conn]]:
-    """Worker 1 and worker 2 of tenant A (LOGIN roles in replaysafe_worker), and a listener."""
-    roles = [make_role("replaysafe_worker") for _ in range(2)]
-    for role in roles:
-        bind(dsn, role, "A")
-    with connect_as(dsn, roles[0]) as w1, connect_as(dsn, roles[1]) as w2, \
-            psycopg.connect(dsn, autocommit=True) as listener:
-        listener.execute("LISTEN replaysafe_actions")
-        yield w1, w2, listener
-
-
-def claim_as(conn: Conn, key: str, *, worker: str = "w", lease: str = "30 seconds",
-             on_expired: str = "unknown", claim_token: str | None = None) -> tuple[Any, ...]:
-    row = conn.execute(CLAIM_AS, (key, worker, lease, on_expired, claim_token)).fetchone()
-    assert row is not None
-    return tuple(row)
 
 
 def test_a_claim_token_is_at_least_22_characters_and_kept_only_as_a_hash(

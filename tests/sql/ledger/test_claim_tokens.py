@@ -12,47 +12,17 @@ from typing import Any
 
 import psycopg
 import pytest
+from helpers.claim_tokens import TOK1, TOK2, TOK9, claim, tok
 from helpers.db import bind, connect_as, sqlstate
 
 Conn = psycopg.Connection[Any]
 
 
-def tok(name: str) -> str:
-    """A claim token of the shortest length taken (22 characters), named for the reader."""
-    return name.ljust(22, "-")
-
-
-TOK1, TOK2, TOK9 = tok("tok-1"), tok("tok-2"), tok("tok-9")
-
-
-CLAIM = ("SELECT outcome, attempt, lease_expires_at, attempt_token FROM replaysafe.claim_action("
-         "p_tenant_id => %(tenant)s, p_action_key => %(key)s, p_operation => 'refund', "
-         "p_request => '{}', p_worker_id => %(worker)s, p_lease => %(lease)s::interval, "
-         "p_on_expired => %(on_expired)s, p_now => %(now)s::timestamptz, "
-         "p_claim_token => %(token)s::text)")
-
-
-def claim(c: Conn, key: str, token: str | None, *, tenant: str = "A", worker: str = "w1",
-          lease: str = "30 seconds", on_expired: str = "unknown",
-          now: str | None = None) -> tuple[Any, ...]:
-    params = {"tenant": tenant, "key": key, "worker": worker, "lease": lease,
-              "on_expired": on_expired, "now": now, "token": token}
-    query = CLAIM if now is not None else CLAIM.replace(", p_now => %(now)s::timestamptz", "")
-    row = c.execute(query.encode(), params).fetchone()
-    assert row is not None
-    return tuple(row)
-
-
 @pytest.fixture
-def world(dsn: str) -> str:
-    return dsn
-
-
-@pytest.fixture
-def worker_b(world: str, make_role: Callable[..., str]) -> Iterator[Conn]:
+def worker_b(dsn: str, make_role: Callable[..., str]) -> Iterator[Conn]:
     role = make_role("replaysafe_worker")
-    bind(world, role, "B")
-    with connect_as(world, role) as c:
+    bind(dsn, role, "B")
+    with connect_as(dsn, role) as c:
         yield c
 
 

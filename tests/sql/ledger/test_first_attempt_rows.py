@@ -7,23 +7,17 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
 import pytest
 from helpers.db import bind, connect_as
+from helpers.fixed_clock import LEASE, at
 
 import replaysafe_pg
 from replaysafe_pg import Ledger
 
-T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
-LEASE = timedelta(seconds=30)
 COLUMNS = "attempt, worker_id, claimed_at, ended_at, outcome::text, superseded, result, error"
-
-
-def at(seconds: float) -> datetime:
-    return T0 + timedelta(seconds=seconds)
 
 
 def claim(led: Ledger, seconds: float = 0, **kw: Any) -> Any:

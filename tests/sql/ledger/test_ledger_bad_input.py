@@ -16,12 +16,12 @@ from typing import Any
 
 import psycopg
 import pytest
-from helpers.db import cloned_database, reset_ledger
+from helpers.bad_input import LONG
+from helpers.db import reset_ledger
 
 from replaysafe_pg import AsyncLedger, AttemptToken, InvalidArgument, Ledger, Threads
 
 T0 = "2026-01-01 12:00:00+00"
-LONG = "x" * 513
 MAX = "y" * 512
 # The attempt tokens of setup_actions' claims live in the session (they are made by the
 # database and only their hashes are stored): the token of attempt 1 of `key`.
@@ -208,12 +208,6 @@ def snapshot(conn: psycopg.Connection[Any]) -> tuple[Any, ...]:
     """).fetchone()
     assert row is not None
     return tuple(row)
-
-
-@pytest.fixture(scope="module")
-def shared_dsn(admin_dsn: str, template_db: str) -> Iterator[str]:
-    with cloned_database(admin_dsn, template_db) as dsn:
-        yield dsn
 
 
 @pytest.fixture

@@ -7,11 +7,11 @@ from __future__ import annotations
 import multiprocessing
 from collections import Counter
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
 import pytest
+from helpers.fixed_clock import at
 from helpers.ledger_race import (
     Background,
     claim_sql,
@@ -23,12 +23,7 @@ from helpers.ledger_race import (
     wait_until_blocked,
 )
 
-T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 N = 16
-
-
-def at(seconds: float) -> datetime:
-    return T0 + timedelta(seconds=seconds)
 
 
 @pytest.fixture

@@ -8,27 +8,14 @@ its transaction commits, which has happened before the call returns.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
 import pytest
-from helpers.db import cloned_database, derived_key, reset_ledger
+from helpers.db import derived_key, reset_ledger
+from helpers.fixed_clock import LEASE, at
 
 from replaysafe_pg import Claim, Ledger
-
-T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
-LEASE = timedelta(seconds=30)
-
-
-def at(seconds: float) -> datetime:
-    return T0 + timedelta(seconds=seconds)
-
-
-@pytest.fixture(scope="module")
-def shared_dsn(admin_dsn: str, template_db: str) -> Iterator[str]:
-    with cloned_database(admin_dsn, template_db) as dsn:
-        yield dsn
 
 
 @pytest.fixture(scope="module")

@@ -3,11 +3,12 @@ functions and from the driver (before or at the server)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
+from helpers.bad_input import LONG
+from helpers.threads import table_counts
 
 from replaysafe_pg import (
     InvalidArgument,
@@ -17,22 +18,7 @@ from replaysafe_pg import (
 Conn = psycopg.Connection[Any]
 
 
-@pytest.fixture
-def threads(dsn: str) -> Iterator[Threads]:
-    with Threads(dsn, tenant_id="t1") as th:
-        yield th
-
-
-def table_counts(conn: Conn) -> tuple[int, int]:
-    row = conn.execute("SELECT (SELECT count(*) FROM replaysafe.threads), "
-                       "(SELECT count(*) FROM replaysafe.thread_versions)").fetchone()
-    assert row is not None
-    return row[0], row[1]
-
-
 # --- bad input -------------------------------------------------------------------------
-
-LONG = "x" * 513
 
 
 BAD_SQL_CALLS = [

@@ -10,6 +10,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from helpers.threads import table_counts
 
 from replaysafe_pg import (
     AccessDenied,
@@ -17,13 +18,6 @@ from replaysafe_pg import (
 )
 
 Conn = psycopg.Connection[Any]
-
-
-def table_counts(conn: Conn) -> tuple[int, int]:
-    row = conn.execute("SELECT (SELECT count(*) FROM replaysafe.threads), "
-                       "(SELECT count(*) FROM replaysafe.thread_versions)").fetchone()
-    assert row is not None
-    return row[0], row[1]
 
 
 # --- ownership -------------------------------------------------------------------------

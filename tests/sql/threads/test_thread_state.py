@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
+from helpers.threads import table_counts
 from psycopg_pool import ConnectionPool
 
 from replaysafe_pg import (
@@ -23,19 +23,6 @@ from replaysafe_pg import (
 )
 
 Conn = psycopg.Connection[Any]
-
-
-@pytest.fixture
-def threads(dsn: str) -> Iterator[Threads]:
-    with Threads(dsn, tenant_id="t1") as th:
-        yield th
-
-
-def table_counts(conn: Conn) -> tuple[int, int]:
-    row = conn.execute("SELECT (SELECT count(*) FROM replaysafe.threads), "
-                       "(SELECT count(*) FROM replaysafe.thread_versions)").fetchone()
-    assert row is not None
-    return row[0], row[1]
 
 
 def versions(th: Threads, thread_id: str = "th") -> list[int]:
