@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 import uuid
 import warnings
 from collections.abc import Iterator
@@ -119,4 +120,10 @@ def make_role(admin_dsn: str) -> Iterator[object]:
     yield make
     with psycopg.connect(admin_dsn, autocommit=True) as c:
         for name in created:
+            # A closed session's backend drops its temporary objects (owned by the role) after
+            # the client has gone: wait for the role's backends to end before dropping it.
+            deadline = time.monotonic() + 10
+            while c.execute("SELECT count(*) FROM pg_stat_activity WHERE usename = %s",
+                            (name,)).fetchone() != (0,) and time.monotonic() < deadline:
+                time.sleep(0.02)
             c.execute(f'DROP ROLE IF EXISTS "{name}"')
