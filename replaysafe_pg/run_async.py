@@ -62,8 +62,9 @@ class AsyncRunner:
                                                            alone=alone))
 
     async def _claim(self, statement: Statement[T], plan: Plan) -> T:
-        return await drive(run_policy.claim_within_lease(statement, plan.lease_seconds,
-                                                     self._source.can_reconnect), self._perform)
+        steps = run_policy.claim_within_lease(statement, plan.lease_seconds,
+                                              self._source.can_reconnect)
+        return await drive(steps, self._perform)
 
     async def run(self, plan: Plan) -> Execution:
         with _tracing.span(plan.operation) as span, _no_raw_errors():
@@ -107,8 +108,8 @@ class AsyncRunner:
         deadline = time.monotonic() + plan.wait_timeout
         subscription = AsyncSubscription(await self._source.listener())
         try:
-            return await drive(run_policy.wait(self._sql, plan, claim, deadline, self._source.can_reconnect),
-                               lambda effect: self._perform(effect, subscription, aside=True))
+            steps = run_policy.wait(self._sql, plan, claim, deadline, self._source.can_reconnect)
+            return await drive(steps, lambda effect: self._perform(effect, subscription, aside=True))
         finally:
             subscription.drop()
 
@@ -136,7 +137,7 @@ class AsyncRunner:
                 return await _call_within(plan, kwargs)
             case run_policy.Record(report, pending, ticket):
                 steps = run_policy.record(self._sql, report, pending, ticket,
-                                      self._source.can_reconnect)
+                                          self._source.can_reconnect)
                 return await asyncio.shield(
                     drive(steps, lambda effect: self._perform(effect, aside=aside)))
         raise AssertionError(effect)

@@ -62,8 +62,9 @@ class Runner:
                                                      alone=alone))
 
     def _claim(self, statement: Statement[T], plan: Plan) -> T:
-        return drive(run_policy.claim_within_lease(statement, plan.lease_seconds,
-                                               self._source.can_reconnect), self._perform)
+        steps = run_policy.claim_within_lease(statement, plan.lease_seconds,
+                                              self._source.can_reconnect)
+        return drive(steps, self._perform)
 
     def run(self, plan: Plan) -> Execution:
         with _tracing.span(plan.operation) as span, _no_raw_errors():
@@ -115,8 +116,8 @@ class Runner:
         deadline = time.monotonic() + plan.wait_timeout
         subscription = Subscription(self._source.listener())
         try:
-            return drive(run_policy.wait(self._sql, plan, claim, deadline, self._source.can_reconnect),
-                         lambda effect: self._perform(effect, subscription, aside=True))
+            steps = run_policy.wait(self._sql, plan, claim, deadline, self._source.can_reconnect)
+            return drive(steps, lambda effect: self._perform(effect, subscription, aside=True))
         finally:
             subscription.drop()
 
@@ -143,9 +144,9 @@ class Runner:
             case run_policy.RunTool(plan, kwargs):
                 return _call(plan, kwargs)
             case run_policy.Record(report, pending, ticket):
-                return drive(run_policy.record(self._sql, report, pending, ticket,
-                                           self._source.can_reconnect),
-                             lambda effect: self._perform(effect, aside=aside))
+                steps = run_policy.record(self._sql, report, pending, ticket,
+                                          self._source.can_reconnect)
+                return drive(steps, lambda effect: self._perform(effect, aside=aside))
         raise AssertionError(effect)
 
 
