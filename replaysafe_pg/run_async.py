@@ -67,28 +67,37 @@ class AsyncRunner:
         return await drive(steps, self._perform)
 
     async def run(self, plan: Plan) -> Execution:
-        with _tracing.span(plan.operation) as span, _no_raw_errors():
+        with _tracing.span(plan.operation, plan.key) as call, _no_raw_errors():
             claim = await self._claim(run_policy.claim_one(self._sql, plan), plan)
-            return run_policy.traced(span, await self._resolve(plan, claim))
+            return run_policy.traced(call, await self._resolve(plan, claim))
 
     async def run_many(self, plans: list[Plan]) -> list[Execution]:
         if not plans:
             return []
-        with _no_raw_errors():
-            return await self._run_many(plans)
+        # As the sync Runner: a span per call, from before the claim.
+        calls = _tracing.calls([(p.operation, p.key) for p in plans])
+        with _tracing.ending(calls), _no_raw_errors():
+            return await self._run_many(plans, calls)
 
-    async def _run_many(self, plans: list[Plan]) -> list[Execution]:
+    async def _run_many(self, plans: list[Plan], calls: list[_tracing.NoCall]) -> list[Execution]:
         claims = await self._claim(run_policy.claim_many(self._sql, plans), plans[0])
         out, work = run_policy.to_run(plans, claims)
-        done = await asyncio.gather(*(self._resolve_traced(plans[i], claims[i]) for i in work),
-                                    return_exceptions=True)
+        for i, answer in enumerate(out):
+            if isinstance(answer, Execution):  # answered by the claim: a replay, unknown, ...
+                run_policy.traced(calls[i], answer)
+                calls[i].end()
+        done = await asyncio.gather(*(self._resolve_traced(plans[i], claims[i], calls[i])
+                                      for i in work), return_exceptions=True)
         for i, value in zip(work, done, strict=True):
             out[i] = value
         return run_policy.collected(out)
 
-    async def _resolve_traced(self, plan: Plan, claim: Claim) -> Execution:
-        with _tracing.span(plan.operation) as span:
-            return run_policy.traced(span, await self._resolve(plan, claim))
+    async def _resolve_traced(self, plan: Plan, claim: Claim, call: _tracing.NoCall) -> Execution:
+        try:
+            with call.current():
+                return run_policy.traced(call, await self._resolve(plan, claim))
+        finally:
+            call.end()
 
     async def _resolve(self, plan: Plan, claim: Claim) -> Execution:
         aside = False  # as the sync Runner: a waiter's claim is recorded beside the caller's

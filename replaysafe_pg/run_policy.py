@@ -211,9 +211,10 @@ def started(plan: Plan, claim: Claim, status: ExecutionStatus, *, result: Any = 
                      plan.operation, retryable=retryable, exception=exception)
 
 
-def traced(span: Any, execution: Execution) -> Execution:
-    span.set(idempotency_key=execution.idempotency_key, status=str(execution.status),
-             replay=execution.replay, attempt=execution.attempt)
+def traced(call: Any, execution: Execution) -> Execution:
+    """Puts the outcome on the call's span and metrics (``_tracing``; a no-op without them)."""
+    call.set(idempotency_key=execution.idempotency_key, outcome=str(execution.status),
+             replay=execution.replay, attempt=execution.attempt, error=execution.error)
     return execution
 
 

@@ -67,34 +67,45 @@ class Runner:
         return drive(steps, self._perform)
 
     def run(self, plan: Plan) -> Execution:
-        with _tracing.span(plan.operation) as span, _no_raw_errors():
+        with _tracing.span(plan.operation, plan.key) as call, _no_raw_errors():
             claim = self._claim(run_policy.claim_one(self._sql, plan), plan)
-            return run_policy.traced(span, self._resolve(plan, claim))
+            return run_policy.traced(call, self._resolve(plan, claim))
 
     def run_many(self, plans: list[Plan], max_workers: int) -> list[Execution]:
         if not plans:
             return []
-        with _no_raw_errors():
-            return self._run_many(plans, max_workers)
+        # A span per call, from before the claim; each ends with its call (_tracing.ending
+        # ends any left, recording what escaped).
+        calls = _tracing.calls([(p.operation, p.key) for p in plans])
+        with _tracing.ending(calls), _no_raw_errors():
+            return self._run_many(plans, calls, max_workers)
 
-    def _run_many(self, plans: list[Plan], max_workers: int) -> list[Execution]:
+    def _run_many(self, plans: list[Plan], calls: list[_tracing.NoCall],
+                  max_workers: int) -> list[Execution]:
         claims = self._claim(run_policy.claim_many(self._sql, plans), plans[0])
         out, work = run_policy.to_run(plans, claims)
+        for i, answer in enumerate(out):
+            if isinstance(answer, Execution):  # answered by the claim: a replay, unknown, ...
+                run_policy.traced(calls[i], answer)
+                calls[i].end()
         if len(work) == 1:
-            out[work[0]] = self._resolve_traced(plans[work[0]], claims[work[0]])
+            out[work[0]] = self._resolve_traced(plans[work[0]], claims[work[0]], calls[work[0]])
         elif work:
             with ThreadPoolExecutor(max_workers=min(len(work), max_workers),
                                     thread_name_prefix="replaysafe-run") as pool:
-                futures = {i: pool.submit(self._resolve_traced, plans[i], claims[i])
+                futures = {i: pool.submit(self._resolve_traced, plans[i], claims[i], calls[i])
                            for i in work}
             for i, future in futures.items():
                 exc = future.exception()
                 out[i] = future.result() if exc is None else exc
         return run_policy.collected(out)
 
-    def _resolve_traced(self, plan: Plan, claim: Claim) -> Execution:
-        with _tracing.span(plan.operation) as span:
-            return run_policy.traced(span, self._resolve(plan, claim))
+    def _resolve_traced(self, plan: Plan, claim: Claim, call: _tracing.NoCall) -> Execution:
+        try:
+            with call.current():
+                return run_policy.traced(call, self._resolve(plan, claim))
+        finally:
+            call.end()
 
     def _resolve(self, plan: Plan, claim: Claim) -> Execution:
         # A claim a waiter took beside a caller's connection is recorded there too: the

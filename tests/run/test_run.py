@@ -335,7 +335,9 @@ def test_tool_call_key_works_as_an_action_key(led: Ledger) -> None:
 
 # --- tracing ---------------------------------------------------------------------------
 
-def test_a_span_per_run_with_hashed_key_outcome_and_replay(led: Ledger) -> None:
+def test_a_span_per_run_names_the_tool_and_never_the_action_key(led: Ledger) -> None:
+    """Through the global tracer provider (tests/driver/test_otel_spans.py covers the rest):
+    the action key, which may hold customer data, is in no attribute."""
     sdk = pytest.importorskip("opentelemetry.sdk.trace")
     export = pytest.importorskip("opentelemetry.sdk.trace.export")
     memory = pytest.importorskip("opentelemetry.sdk.trace.export.in_memory_span_exporter")
@@ -345,14 +347,16 @@ def test_a_span_per_run_with_hashed_key_outcome_and_replay(led: Ledger) -> None:
     provider = sdk.TracerProvider()
     provider.add_span_processor(export.SimpleSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
+    if trace.get_tracer_provider() is not provider:
+        pytest.skip("another test set the process's tracer provider first")
     led.run("refund", Tool(), {}, key="secret-order-42")
     led.run("refund", Tool(), {}, key="secret-order-42")
     spans = exporter.get_finished_spans()
     assert [s.attributes["replaysafe.replay"] for s in spans] == [False, True]
     attrs = dict(spans[0].attributes)
-    assert attrs["replaysafe.operation"] == "refund" and attrs["replaysafe.status"] == "succeeded"
-    assert len(attrs["replaysafe.key_hash"]) == 16
-    assert not any("secret-order-42" in str(v) for v in attrs.values())
+    assert attrs["gen_ai.tool.name"] == "refund" and attrs["replaysafe.outcome"] == "succeeded"
+    assert attrs["gen_ai.tool.call.id"].startswith("rs2_")
+    assert not any("secret-order-42" in str(v) for s in spans for v in s.attributes.values())
 
 
 def test_run_with_a_pool_waits_heartbeats_and_returns_connections_clean(dsn: str) -> None:
