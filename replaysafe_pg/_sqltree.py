@@ -26,7 +26,8 @@ from replaysafe_pg._paths import migrations_dir, sql_dir
 TABLES = ("tables/tenancy.sql", "tables/ledger.sql", "tables/threads.sql", "tables/langgraph.sql")
 FUNCTIONS = ("functions/checks.sql", "functions/tenancy.sql", "functions/ledger_claim.sql",
              "functions/ledger_reports.sql", "functions/ledger_operator.sql",
-             "functions/tenant_grants.sql", "functions/threads.sql", "functions/langgraph.sql")
+             "functions/tenant_grants.sql", "functions/threads.sql", "functions/langgraph.sql",
+             "functions/operability.sql")
 VIEWS = ("views/caller.sql", "views/audit.sql")
 GRANTS = ("grants.sql",)
 # The driver's and the command line's queries, and the Citus script: not part of the schema.

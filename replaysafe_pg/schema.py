@@ -89,7 +89,7 @@ def expected_objects() -> dict[str, set[str]]:
 
     text = schema_sql()
     tables = set(re.findall(r"CREATE TABLE replaysafe\.(\w+)", text)) | {VERSION_TABLE}
-    indexes = (set(re.findall(r"CREATE INDEX (\w+) ON replaysafe\.", text))
+    indexes = (set(re.findall(r"CREATE INDEX (\w+)\s+ON replaysafe\.", text))
                | {f"{t}_pkey" for t in tables - {VERSION_TABLE}} | {f"{VERSION_TABLE}_pkc"})
     return {
         "table": tables,

@@ -385,6 +385,13 @@ class ThreadStatements:
         return {"tenant_id": self.tenant_id, "thread_id": _args.text_id(thread_id, "thread_id"),
                 "user_id": self.user_id}
 
+    def purge(self, older_than: Lease, limit: int, now: datetime | None) -> Statement[int]:
+        """``purge_threads``: every tenant the caller may act for; under a grant, the grant's
+        tenant (a grant that names a user is refused)."""
+        return self._statement("purge_threads", {
+            "older_than": _args.age(older_than, "older_than"),
+            "limit": _args.integer(limit, "limit"), "now": _args.moment(now)}, _value)
+
     def read(self, thread_id: str) -> Statement[ThreadState]:
         return self._statement("read_thread", self._key(thread_id), _thread_state)
 

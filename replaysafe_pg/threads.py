@@ -8,13 +8,14 @@ there first. Each method is one round trip; its parameters and answer are those 
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, TypeVar
 
 from replaysafe_pg._conn import AsyncConninfo, AsyncSource, Conninfo, SyncSource
 from replaysafe_pg._grant import GrantArg
 from replaysafe_pg.limits import DEFAULT_LIMITS, Limits
 from replaysafe_pg.models import ThreadState, ThreadVersion
-from replaysafe_pg.statements import Statement, ThreadStatements
+from replaysafe_pg.statements import Lease, Statement, ThreadStatements
 
 __all__ = ["AsyncThreads", "ThreadState", "ThreadVersion", "Threads"]
 
@@ -96,6 +97,13 @@ class Threads(_ThreadsBase):
         """``delete_thread``: False if the thread is absent or already deleted."""
         return self._send(self._sql.delete(thread_id))
 
+    def purge(self, older_than: Lease, *, limit: int = 10000, now: datetime | None = None) -> int:
+        """``purge_threads`` (an operator's duty): one batch of at most ``limit`` threads and
+        ``limit`` LangGraph threads not written for ``older_than``, of every tenant this
+        role acts for (under a grant: the grant's tenant). Each purged thread keeps its
+        version counter (a tombstone, as :meth:`delete` leaves). Returns how many went."""
+        return self._send(self._sql.purge(older_than, limit, now))
+
 
 class AsyncThreads(_ThreadsBase):
     """Thread state for one tenant (asyncio); same methods as :class:`Threads`."""
@@ -131,3 +139,8 @@ class AsyncThreads(_ThreadsBase):
 
     async def delete(self, thread_id: str) -> bool:
         return await self._send(self._sql.delete(thread_id))
+
+    async def purge(self, older_than: Lease, *, limit: int = 10000,
+                    now: datetime | None = None) -> int:
+        """See :meth:`Threads.purge`."""
+        return await self._send(self._sql.purge(older_than, limit, now))

@@ -56,7 +56,7 @@ DECLARE
     v_version text := (SELECT e.extversion FROM pg_catalog.pg_extension e WHERE e.extname = 'citus');
     v_revision text;
     -- The revision this script was written and reviewed for.
-    v_written_for constant text := '0013';
+    v_written_for constant text := '0014';
 BEGIN
     IF v_version IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '55000', MESSAGE =
@@ -389,6 +389,7 @@ BEGIN
                CASE WHEN p.proname !~ '^_'
                          AND p.proname NOT IN ('bind_role_to_tenant', 'idempotency_key',
                                                'sweep_expired_actions', 'purge_actions',
+                                               'purge_threads',
                                                'issue_tenant_grant', 'revoke_tenant_grants')
                          AND 'p_tenant_id' = ANY (p.proargnames)
                     THEN array_position(p.proargnames, 'p_tenant_id') - 1 END AS arg_index

@@ -49,6 +49,16 @@ SELECT tenant_id, action_key, operation, successful_attempts FROM replaysafe.mul
 -- name: purge_candidates --
 SELECT pg_catalog.count(*) FROM replaysafe.actions_v WHERE state::pg_catalog.text OPERATOR(pg_catalog.=) ANY (ARRAY['succeeded', 'failed']) AND completed_at OPERATOR(pg_catalog.<) (%(now)s::pg_catalog.timestamptz OPERATOR(pg_catalog.-) %(older_than)s::pg_catalog.interval)
 
+-- name: purge_thread_candidates --
+-- `purge --threads --dry-run`: the versioned threads purge_threads would take (LangGraph
+-- threads are in no view: not counted).
+SELECT pg_catalog.count(*) FROM replaysafe.threads_v WHERE NOT deleted AND updated_at OPERATOR(pg_catalog.<) (%(now)s::pg_catalog.timestamptz OPERATOR(pg_catalog.-) %(older_than)s::pg_catalog.interval)
+
+-- name: metrics --
+-- `metrics`: the caller's rows of replaysafe.metrics(), per tenant or totals, of one tenant when
+-- tenant_id is given.
+SELECT m.name, m.tenant_id, m.state, m.value FROM replaysafe.metrics(p_by_tenant => %(by_tenant)s::pg_catalog.bool) AS m WHERE (%(tenant_id)s::pg_catalog.text IS NULL OR m.tenant_id OPERATOR(pg_catalog.=) %(tenant_id)s::pg_catalog.text) ORDER BY m.name, m.tenant_id NULLS FIRST, m.state NULLS FIRST
+
 -- name: database_now --
 SELECT pg_catalog.now()
 

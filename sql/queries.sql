@@ -35,6 +35,9 @@ SELECT replaysafe.sweep_expired_actions(p_limit => %(limit)s::pg_catalog.int4, p
 -- name: purge_actions --
 SELECT replaysafe.purge_actions(p_older_than => %(older_than)s::pg_catalog.interval, p_limit => %(limit)s::pg_catalog.int4, p_now => %(now)s::pg_catalog.timestamptz, p_grant => %(grant)s::pg_catalog.text)
 
+-- name: purge_threads --
+SELECT replaysafe.purge_threads(p_older_than => %(older_than)s::pg_catalog.interval, p_limit => %(limit)s::pg_catalog.int4, p_now => %(now)s::pg_catalog.timestamptz, p_grant => %(grant)s::pg_catalog.text)
+
 -- name: get_action --
 SELECT tenant_id, action_key, thread_id, operation, state, attempt, on_expired, idempotency_key, request, result, error, provider_reference, lease_expires_at, created_at, updated_at, completed_at, worker_id, resolution_note, resolved_at FROM replaysafe.actions_v WHERE tenant_id OPERATOR(pg_catalog.=) %(tenant_id)s AND action_key OPERATOR(pg_catalog.=) %(action_key)s
 

@@ -76,6 +76,19 @@ BEGIN
 END
 $$;
 
+-- The key of a LangGraph thread's advisory lock: writers (put, put_writes, a copy's target)
+-- hold it shared for their transaction, so purge_threads (which only tries it, exclusively)
+-- skips a thread one of them is writing, also into a namespace it cannot see yet, and
+-- langgraph_delete_thread (exclusively) waits for them. Another key hashing the same only
+-- makes a purge skip, or a delete wait, once more.
+CREATE OR REPLACE FUNCTION replaysafe._langgraph_thread_lock(p_tenant_id text, p_thread_id text)
+RETURNS bigint
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT pg_catalog.hashtextextended(p_tenant_id || E'\x1f' || p_thread_id, 7331)
+$$;
+
 -- Under a tenant grant that names a user (p_user_id), the thread must be that user's: RS004
 -- for another user's thread and for one of the whole tenant (made without such a grant).
 -- p_claim: a thread that has nothing stored yet becomes the user's (a put, pending writes,
@@ -309,13 +322,16 @@ BEGIN
        OR replaysafe._in_restricted_operation() THEN
         v_user := replaysafe._acts_for(p_tenant_id, p_grant);
     END IF;
+    PERFORM pg_catalog.pg_advisory_xact_lock_shared(
+        replaysafe._langgraph_thread_lock(p_tenant_id, p_thread_id));
     PERFORM replaysafe._langgraph_user_thread(p_tenant_id, p_thread_id, v_user, true);
     PERFORM replaysafe._durable();
 
     -- A put whose parent is the head (a run continuing: the common case) takes the
     -- namespace's lock by moving the head; no fork is possible, so no further reads.
     IF p_parent_id IS NOT NULL THEN
-        UPDATE replaysafe.langgraph_namespaces n SET head = p_checkpoint_id
+        UPDATE replaysafe.langgraph_namespaces n
+        SET head = p_checkpoint_id, written_at = clock_timestamp()
         WHERE n.tenant_id = p_tenant_id AND n.thread_id = p_thread_id
           AND n.checkpoint_ns = p_checkpoint_ns AND n.head = p_parent_id;
         v_fast := FOUND;
@@ -387,7 +403,8 @@ BEGIN
     ON CONFLICT DO NOTHING;
     IF FOUND THEN
         IF NOT v_fast THEN  -- the fast path moved the head already
-            UPDATE replaysafe.langgraph_namespaces n SET head = p_checkpoint_id
+            UPDATE replaysafe.langgraph_namespaces n
+            SET head = p_checkpoint_id, written_at = clock_timestamp()
             WHERE n.tenant_id = p_tenant_id AND n.thread_id = p_thread_id
               AND n.checkpoint_ns = p_checkpoint_ns;
         END IF;
@@ -510,6 +527,8 @@ BEGIN
     PERFORM replaysafe._langgraph_check_blobs('p_blobs', p_blobs, 'pending_write_bytes',
                                               l.pending_write_bytes);
     v_user := replaysafe._acts_for(p_tenant_id, p_grant);
+    PERFORM pg_catalog.pg_advisory_xact_lock_shared(
+        replaysafe._langgraph_thread_lock(p_tenant_id, p_thread_id));
     PERFORM replaysafe._langgraph_user_thread(p_tenant_id, p_thread_id, v_user, true);
     PERFORM replaysafe._durable();
 
@@ -712,6 +731,9 @@ BEGIN
     PERFORM replaysafe._check_id('p_tenant_id', p_tenant_id);
     PERFORM replaysafe._check_id('p_thread_id', p_thread_id);
     v_user := replaysafe._acts_for(p_tenant_id, p_grant);
+    -- Writers in flight first (a put into a new namespace holds no row this could lock).
+    PERFORM pg_catalog.pg_advisory_xact_lock(
+        replaysafe._langgraph_thread_lock(p_tenant_id, p_thread_id));
     PERFORM replaysafe._langgraph_user_thread(p_tenant_id, p_thread_id, v_user, false);
     PERFORM replaysafe._durable();
 
@@ -840,6 +862,8 @@ BEGIN
     PERFORM replaysafe._check_id('p_target_thread_id', p_target_thread_id);
     v_user := replaysafe._acts_for(p_tenant_id, p_grant);
     PERFORM replaysafe._langgraph_user_thread(p_tenant_id, p_source_thread_id, v_user, false);
+    PERFORM pg_catalog.pg_advisory_xact_lock_shared(
+        replaysafe._langgraph_thread_lock(p_tenant_id, p_target_thread_id));
     PERFORM replaysafe._langgraph_user_thread(p_tenant_id, p_target_thread_id, v_user, true);
     PERFORM replaysafe._durable();
     IF p_source_thread_id = p_target_thread_id THEN
@@ -893,7 +917,8 @@ BEGIN
     SELECT s.tenant_id, p_target_thread_id, s.checkpoint_ns, s.head
     FROM replaysafe.langgraph_namespaces s
     WHERE s.tenant_id = p_tenant_id AND s.thread_id = p_source_thread_id
-    ON CONFLICT (tenant_id, thread_id, checkpoint_ns) DO UPDATE SET head = excluded.head;
+    ON CONFLICT (tenant_id, thread_id, checkpoint_ns)
+    DO UPDATE SET head = excluded.head, written_at = excluded.written_at;
     RETURN v_count;
 END
 $$;

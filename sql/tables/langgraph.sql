@@ -60,6 +60,9 @@ CREATE TABLE replaysafe.langgraph_namespaces (
     checkpoint_ns text NOT NULL,
     head          text COLLATE "C",
     refused       text[] NOT NULL DEFAULT '{}',
+    -- When a put last stored a checkpoint here (or a copy made the namespace): purge_threads
+    -- finds the threads not written for a while by it. Not indexed: the head's update stays HOT.
+    written_at    timestamptz NOT NULL DEFAULT clock_timestamp(),
     PRIMARY KEY (tenant_id, thread_id, checkpoint_ns)
 );
 

@@ -50,6 +50,10 @@ CREATE INDEX actions_tenant_terminal_completed_idx ON replaysafe.actions (tenant
 CREATE INDEX actions_unknown_idx ON replaysafe.actions (tenant_id, updated_at)
     WHERE state = 'unknown';
 
+-- metrics() counts the retryable actions, as the running and unknown ones, from their rows only.
+CREATE INDEX actions_retryable_idx ON replaysafe.actions (tenant_id, updated_at)
+    WHERE state = 'retryable';
+
 CREATE TABLE replaysafe.action_attempts (
     tenant_id          text NOT NULL,
     action_key         text NOT NULL,
@@ -68,6 +72,10 @@ CREATE TABLE replaysafe.action_attempts (
     attempt_token_hash bytea,
     PRIMARY KEY (tenant_id, action_key, attempt)
 );
+
+-- metrics() counts multi-effect actions from their superseded successful reports only.
+CREATE INDEX action_attempts_superseded_success_idx
+    ON replaysafe.action_attempts (tenant_id, action_key) WHERE outcome = 'succeeded' AND superseded;
 
 CREATE TYPE replaysafe.claim_record AS (
     outcome            text,

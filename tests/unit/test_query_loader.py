@@ -12,7 +12,7 @@ from replaysafe_pg import queries
 
 TIMED = {"claim_action", "claim_actions", "heartbeat_action", "complete_action", "fail_action",
          "mark_action_unknown", "resolve_action", "reopen_action", "sweep_expired_actions",
-         "purge_actions"}
+         "purge_actions", "purge_threads"}
 NOW_WORD = re.compile(r"\b(p_now|now)\b")
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 

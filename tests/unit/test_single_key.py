@@ -62,6 +62,14 @@ ALLOWED: dict[str, tuple[Literal["tenant-only", "exempt"], str]] = {
                                 "unbound owner"),
     "_due_actions": ("exempt", "maintenance: the actions an all-tenant sweep or purge takes "
                                "in one call, shared round-robin among the tenants"),
+    "metrics": ("exempt", "monitoring: counts of the caller's tenant, or of every tenant for "
+                          "the unbound owner and all-tenant roles"),
+    "_estimate": ("exempt", "monitoring: a planner estimate (EXPLAIN) of metrics()' own "
+                            "queries, nothing read"),
+    "purge_threads": ("exempt", "maintenance: a batch of old threads across keys, of "
+                                "p_tenant_id (or a grant's tenant) when given, else of the "
+                                "caller's tenant by its binding, of every tenant for the "
+                                "unbound owner and all-tenant roles"),
 }
 
 
