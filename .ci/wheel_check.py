@@ -20,6 +20,7 @@ for path in (package, sql_dir(), migrations_dir()):
     assert venv in path.parents, f"{path} is not inside the wheel's venv {venv}"
 assert (sql_dir() / "functions" / "ledger_claim.sql").is_file()
 assert (migrations_dir() / "snapshots").is_dir()
+assert (package / "alerts" / "replaysafe-rules.yml").is_file()  # replaysafe-pg metrics --alert-rules
 
 with tempfile.TemporaryDirectory(prefix="replaysafe-wheel-", dir="/tmp") as tmp:
     server = embedded.start(Path(tmp) / "pgdata")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -32,6 +33,7 @@ from replaysafe_pg.cli.plumbing import (
 from replaysafe_pg.errors import AccessDenied
 from replaysafe_pg.ledger import Ledger
 from replaysafe_pg.models import ActionState
+from replaysafe_pg.threads import Threads
 
 
 @click.group(cls=Group)
@@ -163,36 +165,55 @@ def sweep(ctx: click.Context, conn: psycopg.Connection[Any], limit: int) -> None
 @click.command(cls=Command)
 @global_options
 @click.option("--older-than", type=Duration(), required=True,
-              help="Delete terminal actions finished longer ago than this (7d, 12h).")
+              help="Delete terminal actions finished longer ago than this (7d, 12h); with "
+                   "--threads, threads not written for this long.")
+@click.option("--threads", "threads", is_flag=True,
+              help="Purge threads and LangGraph threads instead of actions (a purged thread "
+                   "keeps its version counter).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=10000, show_default=True,
-              help="Actions deleted per transaction.")
+              help="Actions (or threads) deleted per transaction.")
 @click.option("--yes", "-y", "yes", is_flag=True,
               help="Do not ask for confirmation (needed when stdin is not a terminal).")
 @click.option("--dry-run", is_flag=True, help="Only count what would be deleted.")
 @click.pass_context
 @with_conn
 def purge(ctx: click.Context, conn: psycopg.Connection[Any], older_than: timedelta,
-          batch_size: int, yes: bool, dry_run: bool) -> None:
-    """Delete old succeeded/failed actions in batches (safe while workers run).
+          threads: bool, batch_size: int, yes: bool, dry_run: bool) -> None:
+    """Delete old succeeded/failed actions (or, with --threads, old threads) in batches
+    (safe while workers run).
 
-    Shows how many actions would go and asks before deleting; --yes skips the question,
-    which a run without a terminal (cron, CI) must pass."""
+    Shows how many would go and asks before deleting; --yes skips the question, which a run
+    without a terminal (cron, CI) must pass."""
     # One cutoff for the whole run: rows finishing meanwhile do not keep the loop going.
     now: datetime = query_rows(conn, "database_now")[0]["now"]
     cutoff = now - older_than
-    expected = query_rows(conn, "purge_candidates", {"now": now, "older_than": older_than})[0]["count"]
-    what = f"{expected} succeeded/failed action(s) finished before {cutoff:%Y-%m-%d %H:%M:%S%z}"
+    params = {"now": now, "older_than": older_than}
+    if threads:
+        expected = query_rows(conn, "purge_thread_candidates", params)[0]["count"]
+        what = (f"{expected} thread(s) not written since {cutoff:%Y-%m-%d %H:%M:%S%z} "
+                "(and the LangGraph threads not written since then, not counted here)")
+        noun = "thread(s)"
+    else:
+        expected = query_rows(conn, "purge_candidates", params)[0]["count"]
+        what = f"{expected} succeeded/failed action(s) finished before {cutoff:%Y-%m-%d %H:%M:%S%z}"
+        noun = "action(s)"
     if dry_run:
         emit(ctx, f"would purge {what} (dry run, nothing deleted)",
              {"dry_run": True, "would_purge": expected, "cutoff": cutoff})
         return
-    if expected and not yes:
+    if (expected or threads) and not yes:
         if not sys.stdin.isatty():
             raise CliError(f"purge would delete {what}: pass --yes to confirm "
                            "(--dry-run only counts)")
         if not click.confirm(f"delete {what}?", err=True):
             raise CliError("nothing purged (not confirmed)")
-    ledger = Ledger(conn)
+    batch: Callable[[], int]
+    if threads:
+        store = Threads(conn)
+        batch = lambda: store.purge(older_than, limit=batch_size, now=now)  # noqa: E731
+    else:
+        ledger = Ledger(conn)
+        batch = lambda: ledger.purge(older_than, limit=batch_size, now=now)  # noqa: E731
     total = 0
     batches = 0
     with click.progressbar(length=max(expected, 1), label="purging", file=sys.stderr,
@@ -200,7 +221,7 @@ def purge(ctx: click.Context, conn: psycopg.Connection[Any], older_than: timedel
         while True:
             # Each batch is its own transaction (autocommit): locks are short, and rows a
             # worker holds are skipped, not waited for.
-            deleted = ledger.purge(older_than, limit=batch_size, now=now)
+            deleted = batch()
             total += deleted
             batches += deleted > 0
             bar.update(deleted)
@@ -208,8 +229,8 @@ def purge(ctx: click.Context, conn: psycopg.Connection[Any], older_than: timedel
             # is due: only an empty batch ends the run.
             if deleted == 0:
                 break
-    emit(ctx, f"purged {total} action(s) finished before {cutoff:%Y-%m-%d %H:%M:%S%z} "
-              f"in {batches} batch(es)",
+    ended = "not written since" if threads else "finished before"
+    emit(ctx, f"purged {total} {noun} {ended} {cutoff:%Y-%m-%d %H:%M:%S%z} in {batches} batch(es)",
          {"purged": total, "batches": batches, "cutoff": cutoff})
 
 

@@ -8,6 +8,7 @@ from replaysafe_pg.cli.action_commands import actions, audit, purge, reopen, res
 from replaysafe_pg.cli.demo_command import demo
 from replaysafe_pg.cli.doctor import doctor
 from replaysafe_pg.cli.grant_commands import grant
+from replaysafe_pg.cli.metrics_commands import metrics
 from replaysafe_pg.cli.migrate_commands import migrate
 from replaysafe_pg.cli.plumbing import main, parse_duration
 from replaysafe_pg.cli.reconcile_loop import reconcile
@@ -17,5 +18,5 @@ from replaysafe_pg.cli.thread_commands import threads
 __all__ = ["main", "parse_duration"]
 
 for _command in (migrate, doctor, actions, audit, resolve, sweep, purge, reconcile, reopen,
-                 threads, demo, server, grant):
+                 threads, demo, server, grant, metrics):
     main.add_command(_command)

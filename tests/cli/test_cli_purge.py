@@ -64,3 +64,29 @@ def test_purge_with_nothing_to_delete_needs_no_confirmation(dsn: str) -> None:
     result = run("purge", "--older-than", "0s", dsn=dsn)
     assert result.exit_code == 0, result.stderr
     assert result.stdout.startswith("purged 0 action(s)")
+
+
+def _old_threads(dsn: str, count: int) -> None:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        for i in range(count):
+            c.execute("SELECT replaysafe.write_thread(p_tenant_id => 't1', p_thread_id => %s, "
+                      "p_expected_version => 0, p_state => '{}')", (f"th{i}",))
+        c.execute("UPDATE replaysafe.threads SET updated_at = now() - interval '40 days'")
+
+
+def test_purge_threads_counts_asks_and_purges_old_threads_in_batches(dsn: str) -> None:
+    """--threads: the dry run counts the old threads, a run without --yes refuses, --yes
+    purges them in batches to tombstones (their version counters kept)."""
+    _old_threads(dsn, 3)
+    dry = run("purge", "--threads", "--older-than", "30d", "--dry-run", dsn=dsn)
+    assert dry.exit_code == 0, dry.stderr
+    assert dry.stdout.startswith("would purge 3 thread(s) not written since ")
+    refused = run("purge", "--threads", "--older-than", "30d", dsn=dsn)
+    assert_one_line_error(refused, "purge would delete 3 thread(s)", "pass --yes")
+    done = run("purge", "--threads", "--older-than", "30d", "--batch-size", "2", "--yes", dsn=dsn)
+    assert done.exit_code == 0, done.stderr
+    assert re.match(r"purged 3 thread\(s\) not written since \S+ \S+ in 2 batch\(es\)$",
+                    done.stdout.strip()), done.stdout
+    with psycopg.connect(dsn) as c:
+        assert c.execute("SELECT count(*), min(version), bool_and(deleted) "
+                         "FROM replaysafe.threads").fetchone() == (3, 2, True)
