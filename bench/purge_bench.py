@@ -12,6 +12,21 @@ end. Steps:
    command, progress bar on stderr) while the worker keeps going;
 4. report the worker's claim latency before vs during the purge (target: p99 during
    <= 3x p99 before) and the purge's duration.
+
+    PYTHONPATH=. python bench/purge_bench.py --threads [100000] [--writers 2]
+        [--batch-size 10000] [--baseline-seconds 8]
+
+``--threads``: thread retention instead. The owner inserts N versioned threads (ten tenants,
+three kept versions of a small state each) last written 30 days ago, then VACUUM ANALYZE;
+``--writers`` processes, each a LOGIN role in ``replaysafe_worker`` bound to the tenant
+``live``, write their own fresh threads with ``write_thread`` (one round trip per write,
+expected version known, a new thread every 20 writes), timing each write. After the quiet
+baseline an operator login bound to every tenant (``bind_role_to_all_tenants``) calls
+``purge_threads(p_older_than => '7 days', p_limit => --batch-size)`` (one round trip, its own
+transaction, as ``replaysafe-pg purge --threads`` does) until a call returns 0. Reported: the
+writers' write latency before vs during the purge (target: p99 during <= 3x p99 before), each
+batch's latency and the purge's throughput (threads/s); then that every old thread is a
+tombstone and its versions are gone.
 """
 
 from __future__ import annotations
@@ -76,6 +91,145 @@ def worker(dsn: str, stop: Any, out: Any) -> None:
     out.send(samples)
 
 
+LOAD_THREADS = """
+INSERT INTO replaysafe.threads (tenant_id, thread_id, user_id, version, history_limit,
+    oldest_kept, created_at, updated_at)
+SELECT 't' || (g %% 10), 'old:' || g, NULL, 3, 20, 1, ts, ts
+FROM generate_series(1, %(n)s) AS g,
+     LATERAL (SELECT now() - interval '30 days' + g * interval '1 millisecond') AS t(ts)
+"""
+
+LOAD_VERSIONS = """
+INSERT INTO replaysafe.thread_versions (tenant_id, thread_id, version, state, created_at)
+SELECT t.tenant_id, t.thread_id, v,
+       jsonb_build_object('step', v, 'messages', jsonb_build_array('hello', 'refund o_42', 'done')),
+       t.created_at
+FROM replaysafe.threads t, generate_series(1, 3) AS v
+"""
+
+WRITER, OPERATOR = "purge_writer", "purge_operator"
+WRITE = ("SELECT replaysafe.write_thread(p_tenant_id => 'live', p_thread_id => %s, "
+         "p_expected_version => %s, p_state => %s::jsonb)")
+PURGE_THREADS = ("SELECT replaysafe.purge_threads(p_older_than => interval '7 days', "
+                 "p_limit => %s)")
+
+
+def thread_writer(dsn: str, stop: Any, out: Any) -> None:
+    """Write fresh threads until told to stop; send (start time, write seconds) and the
+    statements sent (one per write: one round trip)."""
+    samples: list[tuple[float, float]] = []
+    sent = 0
+    state = '{"step": 1, "messages": ["hello", "refund o_42", "done"]}'
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        i = version = 0
+        thread = ""
+        while not stop.is_set():
+            if i % 20 == 0:
+                thread, version = f"live:{os.getpid()}:{i}", 0
+            i += 1
+            t0 = time.time()
+            row = conn.execute(WRITE, (thread, version, state)).fetchone()
+            samples.append((t0, time.time() - t0))
+            sent += 1
+            assert row is not None and row[0] == version + 1, row
+            version = row[0]
+    out.send((samples, sent))
+
+
+def main_threads(args: argparse.Namespace) -> None:
+    from psycopg import conninfo as pg_conninfo
+
+    tmp = Path(tempfile.mkdtemp(prefix="replaysafe-purge-bench-", dir="/tmp"))
+    server = embedded.start(tmp / "pgdata")  # default settings: fsync and synchronous_commit on
+    procs: list[Any] = []
+    try:
+        dsn = server.dsn
+        replaysafe_pg.migrate(dsn)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            version = conn.execute("SHOW server_version").fetchone()
+            for role, group in ((WRITER, "replaysafe_worker"), (OPERATOR, "replaysafe_operator")):
+                conn.execute(f"CREATE ROLE {role} LOGIN IN ROLE {group}")
+            conn.execute("SELECT replaysafe.bind_role_to_tenant(p_role => %s, p_tenant_id => 'live')",
+                         (WRITER,))
+            conn.execute("SELECT replaysafe.bind_role_to_all_tenants(p_role => %s)", (OPERATOR,))
+            t = time.monotonic()
+            conn.execute(LOAD_THREADS, {"n": args.threads})
+            conn.execute(LOAD_VERSIONS)
+            conn.execute("VACUUM (ANALYZE) replaysafe.threads")
+            conn.execute("VACUUM (ANALYZE) replaysafe.thread_versions")
+            print(f"PostgreSQL {version[0] if version else '?'}; loaded {args.threads:,} threads "
+                  f"(3 versions each) last written 30 days ago in {time.monotonic() - t:.1f} s",
+                  flush=True)
+
+        stop = mp.Event()
+        pipes = []
+        for _ in range(args.writers):
+            receive, send = mp.Pipe(duplex=False)
+            proc = mp.Process(target=thread_writer,
+                              args=(pg_conninfo.make_conninfo(dsn, user=WRITER), stop, send))
+            proc.start()
+            procs.append(proc)
+            pipes.append(receive)
+        time.sleep(args.baseline_seconds)
+
+        batches: list[tuple[int, float]] = []
+        with psycopg.connect(pg_conninfo.make_conninfo(dsn, user=OPERATOR), autocommit=True) as op:
+            purge_start = time.time()
+            while True:
+                t0 = time.perf_counter()
+                row = op.execute(PURGE_THREADS, (args.batch_size,)).fetchone()
+                batches.append((row[0] if row else 0, time.perf_counter() - t0))
+                if not batches[-1][0]:
+                    break
+            purge_end = time.time()
+        time.sleep(1.0)
+        stop.set()
+        samples: list[tuple[float, float]] = []
+        sent = 0
+        for receive in pipes:
+            got, n = receive.recv()
+            samples += got
+            sent += n
+        for proc in procs:
+            proc.join()
+
+        before = [s for t0, s in samples if t0 < purge_start]
+        during = [s for t0, s in samples if purge_start <= t0 < purge_end]
+        purged = sum(n for n, _ in batches)
+        seconds = purge_end - purge_start
+        full = [s * 1000 for n, s in batches if n]
+        print(f"purge_threads: {purged:,} threads in {seconds:.1f} s ({purged / seconds:,.0f} "
+              f"threads/s), {len(full)} batches of up to {args.batch_size:,} + 1 empty, "
+              f"one round trip each, as an operator bound to all tenants")
+        print(f"batch latency: p50 {statistics.median(full):.0f} ms, min {min(full):.0f} ms, "
+              f"max {max(full):.0f} ms; first {full[0]:.0f} ms, last {full[-1]:.0f} ms; "
+              f"empty batch {batches[-1][1] * 1000:.0f} ms")
+        print(f"writers: {args.writers}, bound worker logins, {sent / len(samples):.2f} round trips "
+              "per write")
+        print(f"write_thread latency before the purge: {summary(before)}")
+        print(f"write_thread latency during the purge: {summary(during)}")
+        ratio = pct(during, 0.99) / pct(before, 0.99)
+        print(f"p99 during / p99 before: {ratio:.2f}x (target <= 3x)")
+        print(f"p50 during / p50 before: {statistics.median(during) / statistics.median(before):.2f}x")
+        with psycopg.connect(dsn) as conn:
+            left = conn.execute(
+                "SELECT count(*) FILTER (WHERE NOT deleted), count(*) FILTER (WHERE deleted) "
+                "FROM replaysafe.threads WHERE thread_id LIKE 'old:%'").fetchone()
+            versions = conn.execute("SELECT count(*) FROM replaysafe.thread_versions "
+                                    "WHERE thread_id LIKE 'old:%'").fetchone()
+            live = conn.execute("SELECT count(*) FROM replaysafe.threads WHERE tenant_id = 'live' "
+                                "AND NOT deleted").fetchone()
+            assert left and versions and live
+            print(f"old threads left live: {left[0]}, tombstones: {left[1]:,}, their versions "
+                  f"left: {versions[0]}; writers' threads live: {live[0]:,}")
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+        embedded.stop(server)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
@@ -92,7 +246,14 @@ def main() -> None:
     parser.add_argument("--actions", type=int, default=1_000_000)
     parser.add_argument("--batch-size", type=int, default=10_000)
     parser.add_argument("--baseline-seconds", type=float, default=8.0)
+    parser.add_argument("--threads", type=int, nargs="?", const=100_000, default=None,
+                        help="purge this many old threads (default 100000) instead of actions")
+    parser.add_argument("--writers", type=int, default=2,
+                        help="--threads: processes writing fresh threads meanwhile")
     args = parser.parse_args()
+    if args.threads is not None:
+        main_threads(args)
+        return
 
     tmp = Path(tempfile.mkdtemp(prefix="replaysafe-purge-bench-", dir="/tmp"))
     server = embedded.start(tmp / "pgdata")  # default settings: fsync and synchronous_commit on

@@ -3,11 +3,12 @@
 Two databases of one embedded Postgres (default durability: fsync and synchronous_commit
 on): one migrated to the previous revision, one to the head. A LOGIN role bound to the
 tenant, member of replaysafe_worker (what users run), calls the SQL functions directly
-with prepared statements, the way the driver sends them: claim+complete of a new key, and
-a replay (a claim of a completed key). Windows alternate between the two databases so
-drift hits both; each prints its ops/s, and the summary the median ratio head / previous.
+with prepared statements, the way the driver sends them: claim+complete of a new key, a
+replay (a claim of a completed key), and a LangGraph run loop's put (parent: the head).
+Windows alternate between the two databases so drift hits both; each prints its ops/s, and
+the summary the median ratio head / previous.
 
-    python bench/release_bench.py [--windows 6] [--seconds 2] [--concurrency 1,4]
+    python bench/release_bench.py [--windows 6] [--seconds 2] [--concurrency 1,4] [--ops ...]
 """
 
 from __future__ import annotations
@@ -39,6 +40,14 @@ COMPLETE_WITH_TOKEN = ("SELECT replaysafe.complete_action(p_tenant_id => %(t)s, 
                        "p_attempt => %(a)s, p_attempt_token => %(tok)s, p_result => %(res)s::jsonb)")
 COMPLETE_WITHOUT = ("SELECT replaysafe.complete_action(p_tenant_id => %(t)s, p_action_key => %(k)s, "
                     "p_attempt => %(a)s, p_result => %(res)s::jsonb)")
+# A LangGraph run loop: each put's parent is the head the previous put left (the fast path).
+PUT = ("SELECT * FROM replaysafe.langgraph_put(p_tenant_id => %(t)s, p_thread_id => %(th)s, "
+       "p_checkpoint_ns => '', p_checkpoint_id => %(id)s, p_parent_id => %(parent)s::text, "
+       "p_checkpoint => %(cp)s::jsonb, p_metadata => %(md)s::jsonb, "
+       "p_channels => ARRAY['messages'], p_versions => ARRAY[%(id)s], p_types => ARRAY['json'], "
+       "p_blobs => ARRAY[%(blob)s::bytea])")
+CHECKPOINT = '{"v": 4, "ts": "2026-01-01T00:00:00+00:00", "channel_versions": {}, "versions_seen": {}}'
+METADATA = '{"source": "loop", "step": 1}'
 # The first revision whose reports take the attempt token.
 ATTEMPT_TOKENS = "0011"
 REQUEST = '{"order": "o_42", "amount": 1299}'
@@ -65,6 +74,12 @@ def _worker(dsn: str, op: str, seconds: float, tokens: bool, prefix: str, out: A
                                         "c": secrets.token_hex(16)}, prepare=True).fetchone()
                 assert row is not None and row[0] == "claimed", row
                 _complete(c, key, row, tokens)
+            elif op == "langgraph put":
+                checkpoint_id = f"{done:012d}"
+                c.execute(PUT, {"t": "bench", "th": prefix, "id": checkpoint_id,
+                                "parent": None if done == 0 else f"{done - 1:012d}",
+                                "cp": CHECKPOINT, "md": METADATA, "blob": b'{"m": "hello"}'},
+                          prepare=True)
             else:
                 row = c.execute(CLAIM, {"t": "bench", "k": f"{prefix}-r", "r": REQUEST, "c": None},
                                 prepare=True).fetchone()
@@ -101,6 +116,8 @@ def main() -> None:
     parser.add_argument("--windows", type=int, default=6)
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--concurrency", default="1,4")
+    parser.add_argument("--ops", default="claim+complete,replay,langgraph put",
+                        help="comma-separated: claim+complete, replay, langgraph put")
     args = parser.parse_args()
     head = schema.head_revision()
     previous = schema.revisions()[-2].revision
@@ -123,7 +140,7 @@ def main() -> None:
                 dsns[rev] = conninfo.make_conninfo(server.dsn, dbname=name, user=role)
         print(f"head {head} against {previous}, as a bound worker login; {args.windows} windows "
               f"of {args.seconds:g} s each, alternating")
-        for op in ("claim+complete", "replay"):
+        for op in args.ops.split(","):
             for concurrency in (int(x) for x in args.concurrency.split(",")):
                 ratios = []
                 for i in range(args.windows):

@@ -2,15 +2,18 @@
 side by side, measured interleaved in one run.
 
     PYTHONPATH=. python bench/scale_bench.py [--sizes 10k,1M,10M] [--samples 300]
-        [--data-dir /tmp/replaysafe-scale] [--reuse] [--keep-server]
+        [--data-dir /tmp/replaysafe-scale] [--reuse] [--keep-server] [--open-per-mille 1]
 
 One embedded Postgres (durable default settings but ``shared_buffers`` 1 GB), one database per
 size. Each is migrated to head, then bulk-loaded by the schema owner writing the tables
 directly (``INSERT ... SELECT generate_series``, secondary indexes dropped during the load and
-re-created, then ``VACUUM ANALYZE``): several hundred tenants; 97 % of actions succeeded, 2 %
-failed, 0.5 % unknown, 0.5 % running with an expired lease (what a sweep finds); one attempt
-row per action, a second successful one for 0.1 % (multi-effect); one thread per ten actions,
-three kept versions each. Building the 10 M set takes minutes: ``--reuse`` keeps the server and
+re-created, then ``VACUUM ANALYZE``): several hundred tenants. The measured tenant's actions:
+97 % succeeded, 2 % failed, 0.5 % unknown, 0.5 % running with an expired lease (what a sweep
+finds). The other tenants': ``--open-per-mille`` (default 1, so 0.1 %) not terminal, a third
+each unknown, running with an expired lease and retryable, the rest 97:3 succeeded and failed
+(a ledger's non-terminal rows are the work in flight or stuck, not a share of its history).
+One attempt row per action, a second successful one for 0.1 % (multi-effect); one thread per
+ten actions, three kept versions each. Building the 10 M set takes minutes: ``--reuse`` keeps the server and
 its databases in ``--data-dir`` for the next run (a reused database is only migrated to head).
 
 The measured tenant, ``bench``, holds the same 3,000 actions and 300 threads in every database:
@@ -25,6 +28,13 @@ as the schema owner (a maintenance job). Sweep and purge batches run inside a tr
 is rolled back, so every sample faces the same rows (each checks it found work). Per
 operation: p50 and p99 in µs, client-observed (one round trip each), and the ratio of each
 size's p50 to the 10 k figure. Last line: ``scale: worst p50 ratio 10M/10k = X (op)``.
+
+``metrics()`` is measured three ways: the bound worker's ``SELECT * FROM replaysafe.metrics()``
+(its tenant's rows), and a LOGIN role in ``replaysafe_auditor`` bound to every tenant
+(``bind_role_to_all_tenants``) with ``p_by_tenant => true`` (a row set per tenant with any
+non-terminal action) and ``=> false`` (totals). The all-tenant calls count every tenant's
+non-terminal rows exactly, so they grow with those rows (``--open-per-mille``), not with the
+terminal ones; the rows each call returned are printed per size.
 """
 
 from __future__ import annotations
@@ -52,6 +62,7 @@ BENCH_THREADS = 300
 OTHER_TENANTS = 299
 WORKER = "scale_worker"
 OPERATOR = "scale_operator"
+AUDITOR = "scale_auditor"
 SETTINGS = {"shared_buffers": "1GB", "max_wal_size": "8GB", "checkpoint_timeout": "30min",
             "maintenance_work_mem": "1GB"}
 REQUEST_SQL = "jsonb_build_object('order', i, 'amount_cents', 1250, 'currency', 'EUR')"
@@ -66,8 +77,12 @@ LATERAL (SELECT
                            / greatest(%(n)s - {BENCH_ACTIONS}, 1))::text, 4, '0') END
         AS tenant_id,
     'k' || lpad(i::text, 9, '0') AS action_key,
-    (CASE WHEN i %% 100 < 97 THEN 'succeeded' WHEN i %% 100 < 99 THEN 'failed'
-          WHEN (i / 100) %% 2 = 0 THEN 'unknown' ELSE 'running' END)::replaysafe.action_state AS state,
+    (CASE WHEN i < {BENCH_ACTIONS} THEN
+              CASE WHEN i %% 100 < 97 THEN 'succeeded' WHEN i %% 100 < 99 THEN 'failed'
+                   WHEN (i / 100) %% 2 = 0 THEN 'unknown' ELSE 'running' END
+          WHEN i %% 1000 < %(open)s THEN
+              CASE (i / 1000) %% 3 WHEN 0 THEN 'unknown' WHEN 1 THEN 'running' ELSE 'retryable' END
+          WHEN i %% 100 < 97 THEN 'succeeded' ELSE 'failed' END)::replaysafe.action_state AS state,
     now() - interval '90 days' * ((i * 7919) %% 1000003) / 1000003.0 - interval '1 hour' AS at) s,
 LATERAL (SELECT
     CASE WHEN i %% 1000 = 1 AND s.state = 'succeeded' THEN 2 ELSE 1 END AS attempts,
@@ -119,7 +134,7 @@ FROM generate_series(%(lo)s::bigint, %(hi)s::bigint - 1, 10) AS i, {ACTION_OF_I}
 CHUNK = 1_000_000
 
 
-def load(dsn: str, n: int) -> float:
+def load(dsn: str, n: int, open_per_mille: int) -> float:
     """Bulk-load ``n`` actions (with attempts, threads and versions); seconds taken."""
     t0 = time.perf_counter()
     with psycopg.connect(dsn, autocommit=True) as c:
@@ -133,19 +148,22 @@ def load(dsn: str, n: int) -> float:
         for lo in range(0, n, CHUNK):
             hi = min(n, lo + CHUNK)
             for sql in (LOAD_ACTIONS, LOAD_ATTEMPTS, LOAD_THREADS, LOAD_VERSIONS):
-                c.execute(sql, {"lo": lo, "hi": hi, "n": n})
+                c.execute(sql, {"lo": lo, "hi": hi, "n": n, "open": open_per_mille})
             print(f"  loaded {hi:,} / {n:,} actions ({time.perf_counter() - t0:.0f} s)",
                   file=sys.stderr)
         for _, definition in indexes:
             c.execute(definition)
         c.execute("VACUUM ANALYZE replaysafe.actions, replaysafe.action_attempts, "
                   "replaysafe.threads, replaysafe.thread_versions")
-        c.execute("CREATE TABLE public.scale_meta (actions bigint, loaded_at timestamptz DEFAULT now())")
-        c.execute("INSERT INTO public.scale_meta (actions) VALUES (%s)", (n,))
+        c.execute("CREATE TABLE public.scale_meta (actions bigint, open_per_mille int, "
+                  "loaded_at timestamptz DEFAULT now())")
+        c.execute("INSERT INTO public.scale_meta (actions, open_per_mille) VALUES (%s, %s)",
+                  (n, open_per_mille))
     return time.perf_counter() - t0
 
 
-def prepare(admin: str, label: str, n: int, reuse: bool) -> tuple[str, float | None]:
+def prepare(admin: str, label: str, n: int, reuse: bool, open_per_mille: int
+            ) -> tuple[str, float | None]:
     """The database of one size, migrated to head and loaded; (owner DSN, load seconds)."""
     import replaysafe_pg
 
@@ -161,16 +179,20 @@ def prepare(admin: str, label: str, n: int, reuse: bool) -> tuple[str, float | N
     replaysafe_pg.migrate(dsn)
     with psycopg.connect(dsn, autocommit=True) as c:
         loaded = c.execute("SELECT to_regclass('public.scale_meta') IS NOT NULL").fetchone()
-        rows = c.execute("SELECT actions FROM public.scale_meta").fetchone() if loaded and loaded[0] else None
-        if rows and rows[0] != n:
-            raise SystemExit(f"{db} holds {rows[0]:,} actions, not {n:,}: run without --reuse")
-        for role, group in ((WORKER, "replaysafe_worker"), (OPERATOR, "replaysafe_operator")):
+        rows = (c.execute("SELECT actions, open_per_mille FROM public.scale_meta").fetchone()
+                if loaded and loaded[0] else None)
+        if rows and tuple(rows) != (n, open_per_mille):
+            raise SystemExit(f"{db} holds {rows[0]:,} actions ({rows[1]} per mille open), not "
+                             f"{n:,} ({open_per_mille}): run without --reuse")
+        for role, group in ((WORKER, "replaysafe_worker"), (OPERATOR, "replaysafe_operator"),
+                            (AUDITOR, "replaysafe_auditor")):
             c.execute(f"DO $$ BEGIN CREATE ROLE {role} LOGIN IN ROLE {group}; "
                       "EXCEPTION WHEN duplicate_object THEN NULL; END $$")
         for role in (WORKER, OPERATOR):
             c.execute("SELECT replaysafe.bind_role_to_tenant(p_role => %s, p_tenant_id => %s)",
                       (role, TENANT))
-    seconds = None if rows else load(dsn, n)
+        c.execute("SELECT replaysafe.bind_role_to_all_tenants(p_role => %s)", (AUDITOR,))
+    seconds = None if rows else load(dsn, n, open_per_mille)
     return dsn, seconds
 
 
@@ -184,6 +206,9 @@ class Target:
             return psycopg.connect(conninfo, autocommit=True, prepare_threshold=0)
 
         self.worker, self.operator, self.owner = login(WORKER), login(OPERATOR), login()
+        self.auditor = login(AUDITOR)
+        # Rows each metrics() call returned (operation -> row count of the last call).
+        self.rows: dict[str, int] = {}
         self.run_id = run_id
         self.seq = 0
         # The key, attempt and attempt token of the last new claim (heartbeat and complete use it).
@@ -196,6 +221,7 @@ class Target:
         self.worker.close()
         self.operator.close()
         self.owner.close()
+        self.auditor.close()
 
 
 CLAIM = ("SELECT outcome, attempt, attempt_token FROM replaysafe.claim_action(p_tenant_id => %s, "
@@ -271,6 +297,19 @@ def operations() -> dict[str, Callable[[Target], Callable[[], Any]]]:
     def audit(sql: str) -> Callable[[Target], Callable[[], Any]]:
         return lambda t: (lambda: t.worker.execute(sql).fetchall())
 
+    def metrics(op: str, conn_of: Callable[[Target], psycopg.Connection[Any]], sql: str
+                ) -> Callable[[Target], Callable[[], Any]]:
+        def make(t: Target) -> Callable[[], Any]:
+            conn = conn_of(t)
+
+            def call() -> Any:
+                rows = conn.execute(sql).fetchall()
+                assert rows, f"{t.label}: {sql} returned no row"
+                t.rows[op] = len(rows)
+                return rows
+            return call
+        return make
+
     return {
         "claim (new key)": claim_new,
         "heartbeat": heartbeat,
@@ -290,6 +329,14 @@ def operations() -> dict[str, Callable[[Target], Callable[[], Any]]]:
             "SELECT replaysafe.purge_actions(p_older_than => interval '1 day', p_limit => 100)"),
         "unresolved_actions": audit("SELECT * FROM replaysafe.unresolved_actions"),
         "multi_effect_actions": audit("SELECT * FROM replaysafe.multi_effect_actions"),
+        "metrics (tenant)": metrics(
+            "metrics (tenant)", lambda t: t.worker, "SELECT * FROM replaysafe.metrics()"),
+        "metrics, all (by tenant)": metrics(
+            "metrics, all (by tenant)", lambda t: t.auditor,
+            "SELECT * FROM replaysafe.metrics(p_by_tenant => true)"),
+        "metrics, all (totals)": metrics(
+            "metrics, all (totals)", lambda t: t.auditor,
+            "SELECT * FROM replaysafe.metrics(p_by_tenant => false)"),
     }
 
 
@@ -345,6 +392,9 @@ def main() -> None:
     ap.add_argument("--reuse", action="store_true",
                     help="keep and reuse the server and its loaded databases in --data-dir")
     ap.add_argument("--keep-server", action="store_true", help="leave the server running")
+    ap.add_argument("--open-per-mille", type=int, default=1,
+                    help="other tenants' non-terminal actions per thousand (unknown, running, "
+                         "retryable in thirds)")
     args = ap.parse_args()
     labels = [s.strip() for s in args.sizes.split(",")]
     unknown = [s for s in labels if s not in SIZES]
@@ -360,14 +410,16 @@ def main() -> None:
     try:
         loads = {}
         for label in labels:
-            dsn, seconds = prepare(server.dsn, label, SIZES[label], args.reuse)
+            dsn, seconds = prepare(server.dsn, label, SIZES[label], args.reuse,
+                                   args.open_per_mille)
             loads[label] = seconds
             print(f"{label}: " + (f"loaded in {seconds:.0f} s" if seconds is not None else "reused"),
                   file=sys.stderr)
             targets.append(Target(label, dsn, run_id=str(int(time.time()))))
         times = measure(targets, args.samples)
         print(f"\nscale bench: {args.samples} samples per cell, interleaved; µs, client-observed, "
-              "as a bound worker login (purge, tenant: a bound operator; all: the schema owner)")
+              "as a bound worker login (purge, tenant: a bound operator; sweep/purge, all: the "
+              "schema owner; metrics, all: an auditor bound to all tenants); one round trip each")
         head = f"{'operation':24}" + "".join(f"{lab + ' p50':>11}{lab + ' p99':>11}" for lab in labels)
         head += "".join(f"{lab + '/10k':>10}" for lab in labels if lab != "10k")
         print(head)
@@ -384,11 +436,26 @@ def main() -> None:
                 if lab == labels[-1] and ratio > worst[0]:
                     worst = (ratio, op)
             print(row)
+        for op in ("metrics (tenant)", "metrics, all (by tenant)", "metrics, all (totals)"):
+            print(f"  {op} rows returned: " + ", ".join(
+                f"{t.label} {t.rows.get(op, 0)}" for t in targets))
+        for t in targets:
+            open_rows = t.owner.execute(
+                "SELECT count(*) FILTER (WHERE state = 'running'), "
+                "count(*) FILTER (WHERE state = 'unknown'), "
+                "count(*) FILTER (WHERE state = 'retryable') FROM replaysafe.actions "
+                "WHERE state IN ('running', 'unknown', 'retryable')").fetchone()
+            assert open_rows
+            print(f"  {t.label}: non-terminal actions, all tenants: running {open_rows[0]:,}, "
+                  f"unknown {open_rows[1]:,}, retryable {open_rows[2]:,}")
         print("\n".join(disk_and_memory(server.dsn, labels)))
         for label, seconds in loads.items():
             if seconds is not None:
                 print(f"  load {label}: {seconds:.0f} s")
         print(f"scale: worst p50 ratio {labels[-1]}/10k = {worst[0]:.2f} ({worst[1]})")
+        print(f"metrics: p50 ratio {labels[-1]}/10k " + ", ".join(
+            f"{op} {statistics.median(times[op][labels[-1]]) / statistics.median(times[op]['10k']):.2f}"
+            for op in times if op.startswith("metrics")) + " (target <= 1.2)")
     finally:
         for t in targets:
             t.close()
