@@ -102,7 +102,8 @@ BEGIN
     WHERE c.relnamespace = 'replaysafe'::regnamespace AND c.relkind IN ('r', 'p')
       AND c.relname NOT IN ('actions', 'action_attempts', 'threads', 'thread_versions',
                             'langgraph_checkpoints', 'langgraph_blobs', 'langgraph_writes',
-                            'langgraph_namespaces', 'langgraph_thread_users', 'role_bindings',
+                            'langgraph_namespaces', 'langgraph_thread_users', 'langgraph_threads',
+                            'role_bindings',
                             'installation', 'role_binding_nodes', 'grant_keys',
                             'grant_generations', 'all_tenant_roles', 'limits', 'alembic_version');
     IF v_unknown IS NOT NULL THEN
@@ -343,7 +344,8 @@ BEGIN
 
     FOREACH t IN ARRAY ARRAY['actions', 'action_attempts', 'threads', 'thread_versions',
                              'langgraph_checkpoints', 'langgraph_blobs', 'langgraph_writes',
-                             'langgraph_namespaces', 'langgraph_thread_users'] LOOP
+                             'langgraph_namespaces', 'langgraph_thread_users',
+                             'langgraph_threads'] LOOP
         SELECT p.partmethod, p.repmodel, column_to_column_name(p.logicalrelid, p.partkey),
                p.colocationid
         INTO v_method, v_repmodel, v_column, v_coloc

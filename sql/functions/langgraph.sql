@@ -76,17 +76,31 @@ BEGIN
 END
 $$;
 
--- The key of a LangGraph thread's advisory lock: writers (put, put_writes, a copy's target)
--- hold it shared for their transaction, so purge_threads (which only tries it, exclusively)
--- skips a thread one of them is writing, also into a namespace it cannot see yet, and
--- langgraph_delete_thread (exclusively) waits for them. Another key hashing the same only
--- makes a purge skip, or a delete wait, once more.
-CREATE OR REPLACE FUNCTION replaysafe._langgraph_thread_lock(p_tenant_id text, p_thread_id text)
-RETURNS bigint
-LANGUAGE sql IMMUTABLE
+-- Hold a LangGraph thread for this transaction: its langgraph_threads row FOR KEY SHARE (made
+-- first if the thread is new). A writer that creates a namespace (put, put_writes) and a copy
+-- (on both its threads) hold it until they commit; a writer into an existing namespace holds
+-- that namespace's row instead. So purge_threads (FOR UPDATE SKIP LOCKED on both) skips a
+-- thread one of them is writing, also into a namespace no snapshot shows yet, and
+-- langgraph_delete_thread (FOR UPDATE on both) waits for them. Row locks of tables only these
+-- functions reach: no other role can take them, or see whose they are.
+CREATE OR REPLACE FUNCTION replaysafe._langgraph_hold_thread(p_tenant_id text, p_thread_id text)
+RETURNS void
+LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT pg_catalog.hashtextextended(p_tenant_id || E'\x1f' || p_thread_id, 7331)
+BEGIN
+    PERFORM 1 FROM replaysafe.langgraph_threads t
+    WHERE t.tenant_id = p_tenant_id AND t.thread_id = p_thread_id
+    FOR KEY SHARE;
+    IF NOT FOUND THEN
+        INSERT INTO replaysafe.langgraph_threads (tenant_id, thread_id)
+        VALUES (p_tenant_id, p_thread_id)
+        ON CONFLICT DO NOTHING;
+        PERFORM 1 FROM replaysafe.langgraph_threads t
+        WHERE t.tenant_id = p_tenant_id AND t.thread_id = p_thread_id
+        FOR KEY SHARE;
+    END IF;
+END
 $$;
 
 -- Under a tenant grant that names a user (p_user_id), the thread must be that user's: RS004
@@ -158,6 +172,9 @@ BEGIN
         IF FOUND THEN
             RETURN v_refused;
         END IF;
+        -- A new namespace: no row of it yet that a delete or purge could lock, so the thread's
+        -- lock row is held instead (_langgraph_hold_thread).
+        PERFORM replaysafe._langgraph_hold_thread(p_tenant_id, p_thread_id);
         INSERT INTO replaysafe.langgraph_namespaces (tenant_id, thread_id, checkpoint_ns)
         VALUES (p_tenant_id, p_thread_id, p_checkpoint_ns)
         ON CONFLICT DO NOTHING;
@@ -322,8 +339,6 @@ BEGIN
        OR replaysafe._in_restricted_operation() THEN
         v_user := replaysafe._acts_for(p_tenant_id, p_grant);
     END IF;
-    PERFORM pg_catalog.pg_advisory_xact_lock_shared(
-        replaysafe._langgraph_thread_lock(p_tenant_id, p_thread_id));
     PERFORM replaysafe._langgraph_user_thread(p_tenant_id, p_thread_id, v_user, true);
     PERFORM replaysafe._durable();
 
@@ -411,8 +426,13 @@ BEGIN
         v_head := p_checkpoint_id;
     ELSE
         IF v_fast THEN
-            -- The head the fast path moved goes back.
-            UPDATE replaysafe.langgraph_namespaces n SET head = p_parent_id
+            -- The head the fast path moved goes back, and so does the namespace's last write
+            -- (nothing was stored).
+            UPDATE replaysafe.langgraph_namespaces n
+            SET head = p_parent_id,
+                written_at = coalesce((SELECT max(c.created_at) FROM replaysafe.langgraph_checkpoints c
+                                       WHERE c.tenant_id = p_tenant_id AND c.thread_id = p_thread_id
+                                         AND c.checkpoint_ns = p_checkpoint_ns), n.written_at)
             WHERE n.tenant_id = p_tenant_id AND n.thread_id = p_thread_id
               AND n.checkpoint_ns = p_checkpoint_ns;
             v_head := p_parent_id;
@@ -527,8 +547,6 @@ BEGIN
     PERFORM replaysafe._langgraph_check_blobs('p_blobs', p_blobs, 'pending_write_bytes',
                                               l.pending_write_bytes);
     v_user := replaysafe._acts_for(p_tenant_id, p_grant);
-    PERFORM pg_catalog.pg_advisory_xact_lock_shared(
-        replaysafe._langgraph_thread_lock(p_tenant_id, p_thread_id));
     PERFORM replaysafe._langgraph_user_thread(p_tenant_id, p_thread_id, v_user, true);
     PERFORM replaysafe._durable();
 
@@ -731,9 +749,10 @@ BEGIN
     PERFORM replaysafe._check_id('p_tenant_id', p_tenant_id);
     PERFORM replaysafe._check_id('p_thread_id', p_thread_id);
     v_user := replaysafe._acts_for(p_tenant_id, p_grant);
-    -- Writers in flight first (a put into a new namespace holds no row this could lock).
-    PERFORM pg_catalog.pg_advisory_xact_lock(
-        replaysafe._langgraph_thread_lock(p_tenant_id, p_thread_id));
+    -- Writers in flight first (a put into a new namespace holds no other row this could lock).
+    PERFORM 1 FROM replaysafe.langgraph_threads t
+    WHERE t.tenant_id = p_tenant_id AND t.thread_id = p_thread_id
+    FOR UPDATE;
     PERFORM replaysafe._langgraph_user_thread(p_tenant_id, p_thread_id, v_user, false);
     PERFORM replaysafe._durable();
 
@@ -752,6 +771,8 @@ BEGIN
     WHERE n.tenant_id = p_tenant_id AND n.thread_id = p_thread_id;
     DELETE FROM replaysafe.langgraph_thread_users u  -- a deleted thread is nobody's
     WHERE u.tenant_id = p_tenant_id AND u.thread_id = p_thread_id;
+    DELETE FROM replaysafe.langgraph_threads t
+    WHERE t.tenant_id = p_tenant_id AND t.thread_id = p_thread_id;
     RETURN v_found;
 END
 $$;
@@ -862,8 +883,8 @@ BEGIN
     PERFORM replaysafe._check_id('p_target_thread_id', p_target_thread_id);
     v_user := replaysafe._acts_for(p_tenant_id, p_grant);
     PERFORM replaysafe._langgraph_user_thread(p_tenant_id, p_source_thread_id, v_user, false);
-    PERFORM pg_catalog.pg_advisory_xact_lock_shared(
-        replaysafe._langgraph_thread_lock(p_tenant_id, p_target_thread_id));
+    PERFORM replaysafe._langgraph_hold_thread(p_tenant_id, p_source_thread_id);
+    PERFORM replaysafe._langgraph_hold_thread(p_tenant_id, p_target_thread_id);
     PERFORM replaysafe._langgraph_user_thread(p_tenant_id, p_target_thread_id, v_user, true);
     PERFORM replaysafe._durable();
     IF p_source_thread_id = p_target_thread_id THEN

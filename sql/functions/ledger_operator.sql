@@ -388,22 +388,8 @@ DECLARE
     v_tenants text[];
     v_actions text[];
 BEGIN
-    IF p_grant IS NULL AND NOT EXISTS (SELECT 1 FROM replaysafe._caller_scope c
-                                       WHERE c.owner_or_operator) THEN
-        -- EXECUTE is the operators'; a grant to another role by mistake must not open it (with
-        -- a tenant grant, the grant's and the role's duties are checked with the tenant).
-        PERFORM replaysafe._raise('RS004', 'access denied: settling, reopening and purging are '
-                                           'replaysafe_operator''s duty');
-    END IF;
-    IF p_older_than IS NULL OR p_older_than < interval '0' OR p_older_than > interval '1000 years' THEN
-        PERFORM replaysafe._invalid('p_older_than', 'must be a non-negative interval of at most 1000 years');
-    END IF;
-    IF p_limit IS NULL OR p_limit < 1 THEN
-        PERFORM replaysafe._invalid('p_limit', 'must be a positive integer');
-    END IF;
-    IF (p_now BETWEEN clock_timestamp() - interval '5 minutes' AND clock_timestamp()) IS NOT TRUE THEN
-        p_now := replaysafe._check_now(p_now, p_grant);
-    END IF;
+    p_now := replaysafe._check_purge(p_older_than, p_limit, p_now, p_grant,
+                                     'settling, reopening and purging are');
     SELECT t.tenant_id, t.acts_for_all INTO v_tenant, v_all
     FROM replaysafe._sweep_scope(p_tenant_id, p_grant, '{operator}') t;
     IF v_tenant IS NULL AND NOT v_all THEN

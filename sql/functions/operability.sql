@@ -167,6 +167,35 @@ BEGIN
 END
 $$;
 
+-- What purge_actions and purge_threads check before anything: the operator duty (EXECUTE is
+-- the operators'; a grant to another role by mistake must not open it: with a tenant grant,
+-- the grant's and the role's duties are checked with the tenant), p_older_than, p_limit and
+-- p_now. Returns p_now, checked.
+CREATE OR REPLACE FUNCTION replaysafe._check_purge(p_older_than interval, p_limit integer,
+                                                   p_now timestamptz, p_grant text,
+                                                   p_duty text)
+RETURNS timestamptz
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF p_grant IS NULL AND NOT EXISTS (SELECT 1 FROM replaysafe._caller_scope c
+                                       WHERE c.owner_or_operator) THEN
+        PERFORM replaysafe._raise('RS004', 'access denied: ' || p_duty || ' replaysafe_operator''s duty');
+    END IF;
+    IF p_older_than IS NULL OR p_older_than < interval '0' OR p_older_than > interval '1000 years' THEN
+        PERFORM replaysafe._invalid('p_older_than', 'must be a non-negative interval of at most 1000 years');
+    END IF;
+    IF p_limit IS NULL OR p_limit < 1 THEN
+        PERFORM replaysafe._invalid('p_limit', 'must be a positive integer');
+    END IF;
+    IF (p_now BETWEEN clock_timestamp() - interval '5 minutes' AND clock_timestamp()) IS NOT TRUE THEN
+        p_now := replaysafe._check_now(p_now, p_grant);
+    END IF;
+    RETURN p_now;
+END
+$$;
+
 -- Age-based retention (operator): threads and LangGraph threads not written for
 -- p_older_than, at most p_limit threads of each kind per call, of the caller's tenant
 -- (p_tenant_id, the grant's tenant, or every tenant for the unbound owner and roles bound
@@ -194,20 +223,7 @@ DECLARE
     v_tenants text[];
     v_threads text[];
 BEGIN
-    IF p_grant IS NULL AND NOT EXISTS (SELECT 1 FROM replaysafe._caller_scope c
-                                       WHERE c.owner_or_operator) THEN
-        PERFORM replaysafe._raise('RS004', 'access denied: purging threads is '
-                                           'replaysafe_operator''s duty');
-    END IF;
-    IF p_older_than IS NULL OR p_older_than < interval '0' OR p_older_than > interval '1000 years' THEN
-        PERFORM replaysafe._invalid('p_older_than', 'must be a non-negative interval of at most 1000 years');
-    END IF;
-    IF p_limit IS NULL OR p_limit < 1 THEN
-        PERFORM replaysafe._invalid('p_limit', 'must be a positive integer');
-    END IF;
-    IF (p_now BETWEEN clock_timestamp() - interval '5 minutes' AND clock_timestamp()) IS NOT TRUE THEN
-        p_now := replaysafe._check_now(p_now, p_grant);
-    END IF;
+    p_now := replaysafe._check_purge(p_older_than, p_limit, p_now, p_grant, 'purging threads is');
     IF p_grant IS NOT NULL
        AND replaysafe._acts_with_grant(p_tenant_id, p_grant, '{operator}') ->> 'sub' IS NOT NULL THEN
         PERFORM replaysafe._raise('RS004', 'access denied: a grant that names a user cannot '
@@ -248,26 +264,32 @@ BEGIN
         v_count := v_count + v_n;
     END IF;
 
-    -- LangGraph threads whose every namespace was last written before the cutoff, oldest
-    -- first, found by a scan of the namespaces (written_at is not indexed: a put's update of
-    -- the head stays HOT). A thread whose lock a writer holds (shared: a put or pending
-    -- write in flight, also into a namespace no snapshot shows yet) is skipped; once this
-    -- call holds it, a writer waits, and the thread is taken only if nothing was written
-    -- since (checked in a statement of its own, whose snapshot is taken after the lock).
+    -- LangGraph threads no namespace of which was written since the cutoff, found by a scan
+    -- of the threads (written_at is not indexed: a put's update of the head stays HOT), each
+    -- taken by its lock row, skipped when a writer holds it (a put or pending write in flight,
+    -- also into a namespace no snapshot shows yet). Once this call holds it, writers wait; a
+    -- thread is kept if one wrote to it before that (checked in a statement whose snapshot is
+    -- taken after the locks), or if another transaction holds one of its namespaces.
     SELECT array_agg(d.tenant_id), array_agg(d.thread_id) INTO v_tenants, v_threads
-    FROM (SELECT n.tenant_id, n.thread_id FROM replaysafe.langgraph_namespaces n
-          WHERE (v_tenant IS NULL OR n.tenant_id = v_tenant)
-          GROUP BY n.tenant_id, n.thread_id
-          HAVING max(n.written_at) < v_cutoff
-          ORDER BY max(n.written_at) LIMIT p_limit) d
-    WHERE pg_catalog.pg_try_advisory_xact_lock(replaysafe._langgraph_thread_lock(d.tenant_id,
-                                                                                 d.thread_id));
+    FROM (SELECT t.tenant_id, t.thread_id FROM replaysafe.langgraph_threads t
+          WHERE (v_tenant IS NULL OR t.tenant_id = v_tenant)
+            AND NOT EXISTS (SELECT 1 FROM replaysafe.langgraph_namespaces n
+                            WHERE n.tenant_id = t.tenant_id AND n.thread_id = t.thread_id
+                              AND n.written_at >= v_cutoff)
+          LIMIT p_limit
+          FOR UPDATE SKIP LOCKED) d;
     IF v_threads IS NOT NULL THEN
         SELECT array_agg(v.tenant_id), array_agg(v.thread_id) INTO v_tenants, v_threads
         FROM unnest(v_tenants, v_threads) AS v(tenant_id, thread_id)
         WHERE NOT EXISTS (SELECT 1 FROM replaysafe.langgraph_namespaces n
                           WHERE n.tenant_id = v.tenant_id AND n.thread_id = v.thread_id
-                            AND n.written_at >= v_cutoff);
+                            AND n.written_at >= v_cutoff)
+          AND (SELECT count(*) FROM replaysafe.langgraph_namespaces n
+               WHERE n.tenant_id = v.tenant_id AND n.thread_id = v.thread_id)
+            = (SELECT count(*) FROM (SELECT 1 FROM replaysafe.langgraph_namespaces n
+                                     WHERE n.tenant_id = v.tenant_id AND n.thread_id = v.thread_id
+                                     ORDER BY n.checkpoint_ns
+                                     FOR UPDATE SKIP LOCKED) l);
     END IF;
     IF v_threads IS NOT NULL THEN
         WITH k AS (SELECT * FROM unnest(v_tenants, v_threads) AS k(tenant_id, thread_id)),
@@ -280,6 +302,8 @@ BEGIN
         n AS (DELETE FROM replaysafe.langgraph_namespaces x USING k
               WHERE x.tenant_id = k.tenant_id AND x.thread_id = k.thread_id RETURNING 1),
         u AS (DELETE FROM replaysafe.langgraph_thread_users x USING k
+              WHERE x.tenant_id = k.tenant_id AND x.thread_id = k.thread_id RETURNING 1),
+        t AS (DELETE FROM replaysafe.langgraph_threads x USING k
               WHERE x.tenant_id = k.tenant_id AND x.thread_id = k.thread_id RETURNING 1)
         SELECT count(*) INTO v_n FROM k;
         v_count := v_count + v_n;

@@ -105,3 +105,13 @@ CREATE TABLE replaysafe.langgraph_thread_users (
     PRIMARY KEY (tenant_id, thread_id)
 );
 ALTER TABLE replaysafe.langgraph_thread_users ENABLE ROW LEVEL SECURITY;
+
+-- One row per LangGraph thread: the thread's lock (_langgraph_hold_thread). Writers hold it
+-- FOR KEY SHARE until they commit; langgraph_delete_thread takes it FOR UPDATE, purge_threads
+-- FOR UPDATE SKIP LOCKED.
+CREATE TABLE replaysafe.langgraph_threads (
+    tenant_id text NOT NULL,
+    thread_id text NOT NULL,
+    PRIMARY KEY (tenant_id, thread_id)
+);
+ALTER TABLE replaysafe.langgraph_threads ENABLE ROW LEVEL SECURITY;

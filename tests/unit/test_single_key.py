@@ -24,6 +24,7 @@ KEY_COLUMNS = {
     "langgraph_writes": "thread_id",
     "langgraph_namespaces": "thread_id",
     "langgraph_thread_users": "thread_id",
+    "langgraph_threads": "thread_id",
 }
 
 # Tables with a tenant_id column that hold no tenant's data, and why.

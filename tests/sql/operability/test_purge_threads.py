@@ -280,3 +280,29 @@ def test_a_copy_is_written_now(dsn: str) -> None:
                   "p_source_thread_id => 'source', p_target_thread_id => 'copy')")
         assert c.execute(PURGE, ("30 days", 100)).fetchone() == (1,)
         assert set(langgraph_rows(c)) == {"copy"}
+
+
+def test_threads_writers_hold_never_stop_a_batch(dsn: str) -> None:
+    """Threads held by writers are skipped and the batch fills with the next old ones: a
+    purge run (until a batch returns 0) never ends early behind them."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        for i in range(4):
+            put(c, f"lg{i}")
+            age_langgraph(c, f"lg{i}", 40)
+        with psycopg.connect(dsn) as w1, psycopg.connect(dsn) as w2:
+            put(w1, "lg0", "child:1")
+            put(w2, "lg1", "child:1")
+            assert c.execute(PURGE, ("30 days", 2)).fetchone() == (2,)
+            assert c.execute(PURGE, ("30 days", 2)).fetchone() == (0,)
+        assert set(langgraph_rows(c)) == {"lg0", "lg1"}
+
+
+def test_no_role_but_the_functions_reaches_a_threads_lock(threads_world: str,
+                                                          make_role: MakeRole) -> None:
+    """The lock rows live in a table no group role may read or lock."""
+    worker = make_role("replaysafe_worker")
+    bind(threads_world, worker, "A")
+    with connect_as(threads_world, worker) as c:
+        for stmt in ("SELECT * FROM replaysafe.langgraph_threads",
+                     "SELECT 1 FROM replaysafe.langgraph_threads FOR UPDATE"):
+            assert sqlstate(c, stmt) == "42501", stmt
