@@ -339,6 +339,11 @@ BEGIN
        OR replaysafe._in_restricted_operation() THEN
         v_user := replaysafe._acts_for(p_tenant_id, p_grant);
     END IF;
+    -- A user's writer holds its thread before the owner check: a delete or purge that takes the
+    -- thread meanwhile is waited for, and the check then sees what it left.
+    IF v_user IS NOT NULL THEN
+        PERFORM replaysafe._langgraph_hold_thread(p_tenant_id, p_thread_id);
+    END IF;
     PERFORM replaysafe._langgraph_user_thread(p_tenant_id, p_thread_id, v_user, true);
     PERFORM replaysafe._durable();
 
@@ -547,6 +552,11 @@ BEGIN
     PERFORM replaysafe._langgraph_check_blobs('p_blobs', p_blobs, 'pending_write_bytes',
                                               l.pending_write_bytes);
     v_user := replaysafe._acts_for(p_tenant_id, p_grant);
+    -- A user's writer holds its thread before the owner check: a delete or purge that takes the
+    -- thread meanwhile is waited for, and the check then sees what it left.
+    IF v_user IS NOT NULL THEN
+        PERFORM replaysafe._langgraph_hold_thread(p_tenant_id, p_thread_id);
+    END IF;
     PERFORM replaysafe._langgraph_user_thread(p_tenant_id, p_thread_id, v_user, true);
     PERFORM replaysafe._durable();
 
@@ -883,8 +893,12 @@ BEGIN
     PERFORM replaysafe._check_id('p_target_thread_id', p_target_thread_id);
     v_user := replaysafe._acts_for(p_tenant_id, p_grant);
     PERFORM replaysafe._langgraph_user_thread(p_tenant_id, p_source_thread_id, v_user, false);
-    PERFORM replaysafe._langgraph_hold_thread(p_tenant_id, p_source_thread_id);
-    PERFORM replaysafe._langgraph_hold_thread(p_tenant_id, p_target_thread_id);
+    IF p_source_thread_id IS DISTINCT FROM p_target_thread_id
+       AND EXISTS (SELECT 1 FROM replaysafe.langgraph_namespaces n
+                   WHERE n.tenant_id = p_tenant_id AND n.thread_id = p_source_thread_id) THEN
+        PERFORM replaysafe._langgraph_hold_thread(p_tenant_id, p_source_thread_id);
+        PERFORM replaysafe._langgraph_hold_thread(p_tenant_id, p_target_thread_id);
+    END IF;
     PERFORM replaysafe._langgraph_user_thread(p_tenant_id, p_target_thread_id, v_user, true);
     PERFORM replaysafe._durable();
     IF p_source_thread_id = p_target_thread_id THEN
@@ -976,7 +990,12 @@ BEGIN
     PERFORM replaysafe._durable();
 
     IF p_strategy = 'delete' THEN
-        -- Locked first, as delete_thread.
+        -- Locked first, as delete_thread: the threads (a writer creating a namespace holds its
+        -- thread), then their namespaces.
+        PERFORM 1 FROM replaysafe.langgraph_threads t
+        WHERE t.tenant_id = p_tenant_id AND t.thread_id = ANY (p_thread_ids)
+        ORDER BY t.thread_id
+        FOR UPDATE;
         PERFORM 1 FROM replaysafe.langgraph_namespaces n
         WHERE n.tenant_id = p_tenant_id AND n.thread_id = ANY (p_thread_ids)
         ORDER BY n.thread_id, n.checkpoint_ns
@@ -992,6 +1011,8 @@ BEGIN
         WHERE n.tenant_id = p_tenant_id AND n.thread_id = ANY (p_thread_ids);
         DELETE FROM replaysafe.langgraph_thread_users u
         WHERE u.tenant_id = p_tenant_id AND u.thread_id = ANY (p_thread_ids);
+        DELETE FROM replaysafe.langgraph_threads t
+        WHERE t.tenant_id = p_tenant_id AND t.thread_id = ANY (p_thread_ids);
         RETURN v_count;
     END IF;
 

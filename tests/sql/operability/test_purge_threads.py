@@ -306,3 +306,58 @@ def test_no_role_but_the_functions_reaches_a_threads_lock(threads_world: str,
         for stmt in ("SELECT * FROM replaysafe.langgraph_threads",
                      "SELECT 1 FROM replaysafe.langgraph_threads FOR UPDATE"):
             assert sqlstate(c, stmt) == "42501", stmt
+
+
+PUT_AS = lg.PUT.replace("p_history_limit => %(limit)s::integer)",
+                        "p_history_limit => %(limit)s::integer, p_grant => %(grant)s)")
+
+
+def test_a_users_put_racing_a_purge_keeps_its_owner(dsn: str, make_role: MakeRole) -> None:
+    """Alice's put waits for a purge that took her thread, then writes it anew as hers: Bob,
+    another user of the tenant, can neither take the thread over nor read her checkpoint."""
+    pooled = make_role("replaysafe_worker")
+    with psycopg.connect(dsn, autocommit=True) as owner:
+        alice, bob = issue(owner, "A", user="alice"), issue(owner, "A", user="bob")
+    with connect_as(dsn, pooled) as c:
+        c.execute(PUT_AS, lg.put_params("A", "lg") | {"grant": alice})
+    with psycopg.connect(dsn, autocommit=True) as c:
+        age_langgraph(c, "lg", 40)
+    with psycopg.connect(dsn) as purger:
+        assert purger.execute(PURGE, ("30 days", 100)).fetchone() == (1,)  # uncommitted
+        done: list[bool] = []
+
+        def alice_writes() -> None:
+            with connect_as(dsn, pooled) as w:
+                w.execute(PUT_AS, lg.put_params("A", "lg", ns="child:1") | {"grant": alice})
+                done.append(True)
+
+        t = threading.Thread(target=alice_writes)
+        t.start()
+        time.sleep(0.3)
+        assert not done
+        purger.commit()
+        t.join(10)
+    assert done
+    with psycopg.connect(dsn, autocommit=True) as c:
+        assert c.execute("SELECT user_id FROM replaysafe.langgraph_thread_users "
+                         "WHERE thread_id = 'lg'").fetchall() == [("alice",)]
+    with connect_as(dsn, pooled) as c:
+        assert sqlstate(c, PUT_AS, lg.put_params("A", "lg", ns="b") | {"grant": bob}) == "RS004"
+
+
+def test_prune_delete_takes_the_threads_lock_rows_too(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        put(c, "lg")
+        c.execute("SELECT replaysafe.langgraph_prune(p_tenant_id => 'A', p_thread_ids => ARRAY['lg'], "
+                  "p_strategy => 'delete')")
+        assert c.execute("SELECT count(*) FROM replaysafe.langgraph_threads").fetchone() == (0,)
+        # A copy onto itself makes no lock row; every lock row is a thread with a namespace.
+        c.execute("SELECT replaysafe.langgraph_copy_thread(p_tenant_id => 'A', "
+                  "p_source_thread_id => 'ghost', p_target_thread_id => 'ghost')")
+        assert c.execute("SELECT count(*) FROM replaysafe.langgraph_threads").fetchone() == (0,)
+        c.execute("SELECT replaysafe.langgraph_copy_thread(p_tenant_id => 'A', "
+                  "p_source_thread_id => 'ghost', p_target_thread_id => 'ghost2')")
+        assert c.execute("SELECT array_agg(t.thread_id) FROM replaysafe.langgraph_threads t "
+                         "WHERE NOT EXISTS (SELECT 1 FROM replaysafe.langgraph_namespaces n "
+                         "WHERE n.tenant_id = t.tenant_id AND n.thread_id = t.thread_id)"
+                         ).fetchone() == (None,)
