@@ -111,7 +111,7 @@ LANGGRAPH_CALLS = {
 @pytest.mark.parametrize("call", sorted(LANGGRAPH_CALLS))
 def test_a_collate_clause_on_any_argument_is_refused(dsn: str, make_role: Callable[..., str],
                                                      call: str) -> None:
-    """As for every function (tests/sql/isolation/test_collation_attacks.py): the caller's collation would win
+    """As for every function (tests/sql/isolation/test_collation_guard.py): the caller's collation would win
     over the columns' in every comparison inside the function."""
     with psycopg.connect(login(dsn, make_role, "A"), autocommit=True) as worker:
         with pytest.raises(psycopg.Error) as caught:

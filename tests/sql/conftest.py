@@ -191,6 +191,6 @@ def hostile_search_path() -> SimpleNamespace:
     attacker, names)`` (an exact-typed overload of each in public, and of the operators, that
     records in public.hijacked when it runs) and ``plant_temp_domains(victim)`` (pg_temp
     domains shadowing the base types in the victim's own session). Used by
-    isolation/test_search_path_attacks.py and langgraph/test_langgraph_sql_isolation.py."""
+    isolation/test_search_path_pinning.py and langgraph/test_langgraph_sql_isolation.py."""
     return SimpleNamespace(called_names=called_names, plant_overloads=plant_overloads,
                            plant_temp_domains=plant_temp_domains)

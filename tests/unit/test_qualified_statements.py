@@ -2,7 +2,7 @@
 function and operator in it: none resolves through the caller's search_path, which is the
 login's default (no search_path is pinned at connection time: PgBouncer refuses the startup
 ``options``), and may let a hostile role's overload in ``public`` run with the caller's
-rights (tests/helpers/qualified.py says how; tests/sql/isolation/test_search_path_attacks.py plants them)."""
+rights (tests/helpers/qualified.py says how; tests/sql/isolation/test_search_path_pinning.py plants them)."""
 
 from __future__ import annotations
 

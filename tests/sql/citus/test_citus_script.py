@@ -246,7 +246,7 @@ NEXT_REVISION = "CREATE TABLE replaysafe.next_rows (tenant_id text PRIMARY KEY);
 
 def test_a_distributed_installation_takes_no_revision_script(citus_db: str, conn: Conn,
                                                              tmp_path: Path) -> None:
-    """Finding Citus-F1: a revision script run on a distributed installation would re-create
+    """A revision script run on a distributed installation would re-create
     _caller/_reader with role-OID lookups (wrong on a worker node). Every script, up or down, is
     refused before it changes anything."""
     head, previous = schema.head_revision(), schema.revisions()[-2].revision

@@ -22,7 +22,7 @@ Conn = psycopg.Connection[Any]
     "p_now => '4713-01-01 BC'", "p_now => NULL",
 ])
 def test_times_out_of_range_are_refused_even_for_the_owner(dsn: str, args: str) -> None:
-    """Finding 0002-F5: times out of range."""
+    """Times out of range are refused even for the owner."""
     with psycopg.connect(dsn, autocommit=True) as c:
         # An infinite interval exists from Postgres 17; before, the literal itself is refused.
         old = "infinity'" in args and "p_lease" in args and c.info.server_version < 170000
@@ -33,7 +33,7 @@ def test_times_out_of_range_are_refused_even_for_the_owner(dsn: str, args: str) 
 
 
 def test_a_worker_cannot_move_time(seeded_world: str, worker_a: Conn) -> None:
-    """Finding 0002-F5: times out of range."""
+    """A worker cannot move time."""
     far = datetime.now(UTC) + timedelta(hours=2)
     # The attempt's own token: the refusal is the time's.
     params = {"now": far, "token": TOKENS["A", "live"]}
@@ -55,7 +55,7 @@ def test_a_worker_cannot_move_time(seeded_world: str, worker_a: Conn) -> None:
 
 
 def test_a_lease_starts_at_the_call_not_at_the_transaction_start(dsn: str) -> None:
-    """Finding 0002-F5: times out of range."""
+    """A lease starts at the call not at the transaction start."""
     with psycopg.connect(dsn) as c:  # a transaction, opened before the claim
         c.execute("SELECT pg_sleep(1.5)")
         row = c.execute("SELECT lease_expires_at, lease_expires_at > clock_timestamp() "
@@ -67,7 +67,7 @@ def test_a_lease_starts_at_the_call_not_at_the_transaction_start(dsn: str) -> No
 
 
 def test_ids_are_bounded_in_bytes_too(dsn: str) -> None:
-    """Finding 0002-F8: ids, keys, payloads."""
+    """Ids are bounded in bytes too."""
     with psycopg.connect(dsn, autocommit=True) as c:
         for key in ("界" * 512, "界" * 342):  # 1,536 and 1,026 bytes
             assert sqlstate(c, "SELECT replaysafe.claim_action(p_tenant_id => 't', p_action_key => %s, "
@@ -80,7 +80,7 @@ def test_ids_are_bounded_in_bytes_too(dsn: str) -> None:
 
 
 def test_a_workers_future_time_cannot_take_a_live_lease(seeded_world: str, worker_a: Conn) -> None:
-    """Finding 0003-R."""
+    """A workers future time cannot take a live lease."""
     honest = worker_a.execute(
         "SELECT outcome, attempt, attempt_token FROM replaysafe.claim_action(p_tenant_id => 'A', "
         "p_action_key => 'pay', p_operation => 'pay', p_request => '{}', p_worker_id => 'honest', "

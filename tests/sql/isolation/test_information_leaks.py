@@ -22,7 +22,7 @@ MakeRole = Callable[..., str]
 
 def test_views_defeat_a_leaky_function_in_the_callers_where_clause(seeded_world: str,
                                                                    worker_a: Conn) -> None:
-    """Finding 0002-F2: a bound auditor reads every tenant."""
+    """Views defeat a leaky function in the callers where clause."""
     worker_a.execute("CREATE FUNCTION pg_temp.leak(t text) RETURNS boolean LANGUAGE plpgsql "
                      "COST 0.0000001 AS $f$ BEGIN RAISE NOTICE 'saw %', t; RETURN true; END $f$")
     seen: list[str] = []
@@ -39,7 +39,7 @@ def unsalted_key(tenant: str, key: str) -> str:
 def test_a_guessed_pair_cannot_be_confirmed_from_keys_or_payloads(seeded_world: str,
                                                                   make_role: MakeRole) -> None:
     # Any connected role can LISTEN; the payload must not be computable from a guess.
-    """Finding 0002-F8: ids, keys, payloads."""
+    """A guessed pair cannot be confirmed from keys or payloads."""
     stranger = make_role()
     with connect_as(seeded_world, stranger) as listener:
         listener.execute("LISTEN replaysafe_actions")
@@ -63,7 +63,7 @@ def test_a_guessed_pair_cannot_be_confirmed_from_keys_or_payloads(seeded_world: 
 
 
 def test_explain_analyze_cannot_confirm_another_tenants_key(seeded_world: str, worker_a: Conn) -> None:
-    """Finding 0004/0005-R."""
+    """Explain analyze cannot confirm another tenants key."""
     for view, column, key in (("actions_v", "action_key", "done"),
                               ("action_attempts_v", "action_key", "done"),
                               ("threads_v", "thread_id", "mine")):
@@ -95,7 +95,7 @@ def test_explain_estimates_cannot_confirm_another_tenant(dsn: str,
     A worker of A learns that tenant 'globex' exists and how big it is, and which operation
     names it uses, without reading a row.
 
-    Finding 0004/0005-F2: planner estimates
+    Planner estimates
     show other tenants' ids and values (not fixed yet: a strict xfail)."""
     with psycopg.connect(dsn, autocommit=True) as owner:
         owner.execute("""
@@ -118,12 +118,9 @@ def test_explain_estimates_cannot_confirm_another_tenant(dsn: str,
 
 def test_explain_analyze_on_the_rewritten_views_confirms_no_other_tenants_key(
         claimed_world: str, claimed_worker_a: Conn) -> None:
-    """multi_effect_actions (0004: attempts first, then a lateral lookup of the raw actions
+    """Multi_effect_actions (0004: attempts first, then a lateral lookup of the raw actions
     table) and unresolved_actions (0004's (tenant_id, updated_at) index): B's keys cannot be
-    told from absent ones by the rows EXPLAIN ANALYZE counts.
-
-    An attack that failed (attempt 0004/0005-A), kept as a
-    regression test."""
+    told from absent ones by the rows EXPLAIN ANALYZE counts."""
     with psycopg.connect(claimed_world, autocommit=True) as owner:
         owner.execute("SELECT replaysafe.sweep_expired_actions()")
         owner.execute("ANALYZE")
@@ -140,7 +137,7 @@ def test_explain_analyze_on_the_rewritten_views_confirms_no_other_tenants_key(
 
 def test_installed_revision_answers_the_revision_only(claimed_world: str, claimed_worker_a: Conn,
                                                       make_role: MakeRole) -> None:
-    """An attack that failed (attempt 0004/0005-A), kept as a regression test."""
+    """Installed revision answers the revision only."""
     nobody = make_role()  # no group role: PUBLIC holds nothing
     with connect_as(claimed_world, nobody) as c:
         assert sqlstate(c, "SELECT replaysafe.installed_revision()") == "42501"
@@ -163,10 +160,7 @@ def test_a_leaky_function_sees_no_other_tenants_row_of_the_rewritten_views(
         claimed_world: str, claimed_worker_a: Conn) -> None:
     """A function of the worker's own (in pg_temp: no CREATE needed), as cheap as can be, in
     the WHERE clause of 0004's multi_effect_actions (whose lateral lookup reads the raw
-    actions table) and unresolved_actions: it sees A's rows only.
-
-    An attack that failed (attempt 0004/0005-A), kept as a
-    regression test."""
+    actions table) and unresolved_actions: it sees A's rows only."""
     with psycopg.connect(claimed_world, autocommit=True) as owner:
         owner.execute("SELECT replaysafe.sweep_expired_actions()")
     seen: list[str] = []

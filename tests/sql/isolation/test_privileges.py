@@ -25,7 +25,7 @@ TABLES = ("actions", "action_attempts", "role_bindings", "installation", "thread
 
 
 def test_worker_cannot_lock_a_table_or_a_view(seeded_world: str, worker_a: Conn) -> None:
-    """Finding 0002-F3: one worker stalls every tenant."""
+    """Worker cannot lock a table or a view."""
     for table in TABLES:
         for mode in ("ACCESS EXCLUSIVE", "EXCLUSIVE", "SHARE", "ROW EXCLUSIVE", "ACCESS SHARE"):
             with worker_a.transaction():
@@ -42,7 +42,7 @@ def test_worker_cannot_lock_a_table_or_a_view(seeded_world: str, worker_a: Conn)
 
 
 def test_worker_holds_no_privilege_on_any_table(seeded_world: str, worker_a: Conn) -> None:
-    """Finding 0002-F4: integrity inside a tenant."""
+    """Worker holds no privilege on any table."""
     before = owner_rows(seeded_world, "SELECT * FROM replaysafe.actions ORDER BY 1, 2")
     attempts = [
         "SELECT * FROM replaysafe.{t}",
@@ -66,7 +66,7 @@ def test_worker_holds_no_privilege_on_any_table(seeded_world: str, worker_a: Con
 
 
 def test_private_helpers_and_operator_duties_are_not_a_workers(seeded_world: str, worker_a: Conn) -> None:
-    """Finding 0002-F4: integrity inside a tenant."""
+    """Private helpers and operator duties are not a workers."""
     with psycopg.connect(seeded_world) as owner:
         private = [r[0] for r in owner.execute(
             "SELECT p.oid::regprocedure::text FROM pg_proc p "
@@ -95,7 +95,7 @@ def test_private_helpers_and_operator_duties_are_not_a_workers(seeded_world: str
 
 
 def test_default_privileges_open_nothing(empty_dsn: str, make_role: MakeRole) -> None:
-    """Finding 0003-R."""
+    """Default privileges open nothing."""
     app = make_role()
     with psycopg.connect(empty_dsn, autocommit=True) as owner:
         for grant in ("EXECUTE ON FUNCTIONS", "SELECT, INSERT, UPDATE, DELETE ON TABLES"):
@@ -126,7 +126,7 @@ def test_default_privileges_open_nothing(empty_dsn: str, make_role: MakeRole) ->
 
 
 def test_default_privileges_on_schemas_open_nothing(empty_dsn: str, make_role: MakeRole) -> None:
-    """Finding 0004/0005-R."""
+    """Default privileges on schemas open nothing."""
     app = make_role()
     with psycopg.connect(empty_dsn, autocommit=True) as owner:
         owner.execute(f'ALTER DEFAULT PRIVILEGES GRANT CREATE, USAGE ON SCHEMAS TO "{app}"')
@@ -143,7 +143,7 @@ def test_default_privileges_on_schemas_open_nothing(empty_dsn: str, make_role: M
 
 
 def test_operator_duties_check_the_role_themselves(seeded_world: str, worker_a: Conn) -> None:
-    """Finding 0004/0005-R."""
+    """Operator duties check the role themselves."""
     with psycopg.connect(seeded_world, autocommit=True) as owner:  # a grant by mistake
         owner.execute("GRANT EXECUTE ON FUNCTION replaysafe.resolve_action(text, text, text, jsonb, "
                       "jsonb, text, text, timestamptz, integer, text), replaysafe.reopen_action(text, "
@@ -164,10 +164,7 @@ def test_operator_duties_check_the_role_themselves(seeded_world: str, worker_a: 
 def test_an_upgrade_to_0005_under_default_privileges_opens_nothing(empty_dsn: str,
                                                                    make_role: MakeRole) -> None:
     """Default privileges set after 0004, before 0005: the new claim functions, the private
-    _claim_locked and the replaced view get none of them, and PUBLIC keeps no EXECUTE.
-
-    An attack that failed (attempt 0004/0005-A), kept as a
-    regression test."""
+    _claim_locked and the replaced view get none of them, and PUBLIC keeps no EXECUTE."""
     app = make_role()
     replaysafe_pg.migrate(empty_dsn, "0004")
     with psycopg.connect(empty_dsn, autocommit=True) as owner:

@@ -19,7 +19,7 @@ MakeRole = Callable[..., str]
 
 
 def test_set_role_never_widens_a_bound_login(seeded_world: str, make_role: MakeRole) -> None:
-    """Finding 0002-F2: a bound auditor reads every tenant."""
+    """Set role never widens a bound login."""
     auditor = make_role("replaysafe_auditor")
     worker = make_role("replaysafe_worker")
     bind(seeded_world, auditor, "A")
@@ -42,7 +42,7 @@ def test_set_role_never_widens_a_bound_login(seeded_world: str, make_role: MakeR
 def test_per_request_set_role_from_an_unbound_login(seeded_world: str, make_role: MakeRole) -> None:
     """PostgREST style: an unbound authenticator login SETs ROLE to a bound role per request.
 
-    Finding 0002-F2: a bound auditor
+    A bound auditor
     reads every tenant."""
     authenticator = make_role()
     tenant_role = make_role("replaysafe_worker")
@@ -69,7 +69,7 @@ def test_per_request_set_role_from_an_unbound_login(seeded_world: str, make_role
 
 def test_binding_is_the_owners_even_with_execute_granted_by_mistake(seeded_world: str,
                                                                    worker_a: Conn) -> None:
-    """Finding 0003-R."""
+    """Binding is the owners even with execute granted by mistake."""
     with psycopg.connect(seeded_world, autocommit=True) as owner:
         owner.execute("GRANT EXECUTE ON FUNCTION replaysafe.bind_role_to_tenant(text, text), "
                       "replaysafe.unbind_role(text) TO replaysafe_worker")
@@ -80,7 +80,7 @@ def test_binding_is_the_owners_even_with_execute_granted_by_mistake(seeded_world
 
 def test_a_binding_follows_the_role_not_its_name(seeded_world: str, admin_dsn: str,
                                                   make_role: MakeRole) -> None:
-    """Finding 0003-R."""
+    """A binding follows the role not its name."""
     renamed, recreated = make_role("replaysafe_auditor"), make_role("replaysafe_worker")
     bind(seeded_world, renamed, "A")
     bind(seeded_world, recreated, "B")
@@ -107,7 +107,7 @@ def test_a_binding_follows_the_role_not_its_name(seeded_world: str, admin_dsn: s
 
 
 def test_group_roles_cannot_be_bound(dsn: str) -> None:
-    """Finding 0004/0005-R."""
+    """Group roles cannot be bound."""
     with psycopg.connect(dsn, autocommit=True) as c:
         for role in ("replaysafe_worker", "replaysafe_operator", "replaysafe_auditor"):
             assert sqlstate(c, "SELECT replaysafe.bind_role_to_tenant(p_role => %s, "
@@ -117,7 +117,7 @@ def test_group_roles_cannot_be_bound(dsn: str) -> None:
 
 def test_set_role_to_a_group_role_still_reads_the_logins_tenant(seeded_world: str,
                                                                 make_role: MakeRole) -> None:
-    """Finding 0003-R4."""
+    """Set role to a group role still reads the logins tenant."""
     login = make_role("replaysafe_worker", "replaysafe_auditor")
     bind(seeded_world, login, "A")
     with connect_as(seeded_world, login) as c:

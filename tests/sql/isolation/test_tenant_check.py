@@ -333,7 +333,7 @@ def test_bind_role_to_tenant_checks_its_arguments(dsn: str) -> None:
 
 
 def test_bound_sweep_and_purge_touch_only_their_tenant(claimed_world: str, make_role: MakeRole) -> None:
-    """An attack that failed (attempt 0004/0005-A), kept as a regression test."""
+    """Bound sweep and purge touch only their tenant."""
     before = b_rows(claimed_world)
     worker = make_role("replaysafe_worker")
     operator = make_role("replaysafe_operator")
@@ -359,7 +359,7 @@ def test_bound_sweep_and_purge_touch_only_their_tenant(claimed_world: str, make_
 
 def test_operator_settles_reopens_and_purges_its_tenant_only(seeded_world: str,
                                                              make_role: MakeRole) -> None:
-    """Finding 0002-F4: integrity inside a tenant."""
+    """Operator settles reopens and purges its tenant only."""
     operator = make_role("replaysafe_operator")
     bind(seeded_world, operator, "A")
     with psycopg.connect(seeded_world, autocommit=True) as owner:

@@ -40,8 +40,8 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 # =============================================================================================
-# Finding 0006-F1 (high, fixed: strict serializer by default, pickle tags refused unless
-# allow_pickle=True): a worker's crafted blob runs code in every process that loads the
+# A strict serializer by default, pickle tags refused unless allow_pickle=True. Without it, a
+# worker's crafted blob would run code in every process that loads the
 # checkpoint. The saver hands the type tag and bytes it reads back to LangGraph's default
 # JsonPlusSerializer, whose msgpack ext hook (permissive unless LANGGRAPH_STRICT_MSGPACK=true)
 # imports any module and calls any attribute: ("builtins", "exec", "<code>").
@@ -76,7 +76,7 @@ def plant_blob(worker: Conn, where: str, type_: str, blob: bytes) -> None:
 @pytest.mark.parametrize("where", ["value", "pending_write"])
 def test_a_workers_crafted_blob_runs_no_code_where_the_checkpoint_is_loaded(
         checkpointed_world: str, make_role: MakeRole, tmp_path: Path, where: str) -> None:
-    """Finding 0006-F1: a worker's crafted blob runs code in every process that loads the
+    """A worker's crafted blob runs code in every process that loads the
     checkpoint; fixed: strict serializer by default, pickle tags refused unless
     allow_pickle=True."""
     marker = tmp_path / "pwned"
@@ -100,7 +100,7 @@ def test_a_pickle_type_tag_from_the_database_is_not_trusted(
     """With LangGraph's documented pickle_fallback=True (for values msgpack cannot encode),
     the type tag "pickle" a worker writes is pickle.loads()-ed by every reader.
 
-    Finding 0006-F1: a worker's crafted
+    A worker's crafted
     blob runs code in every process that loads the checkpoint; fixed: strict serializer by
     default, pickle tags refused unless allow_pickle=True."""
     marker = tmp_path / "pwned"
@@ -124,7 +124,7 @@ def test_allow_pickle_opts_in_to_pickled_values(dsn: str) -> None:
     """The way back for trusted writers: allow_pickle=True stores and loads a value only
     pickle can encode; without it the same value is refused at the write, nothing stored.
 
-    Finding 0006-F1: a worker's crafted
+    A worker's crafted
     blob runs code in every process that loads the checkpoint; fixed: strict serializer by
     default, pickle tags refused unless allow_pickle=True."""
     config = {"configurable": {"thread_id": "pickled", "checkpoint_ns": ""}}
@@ -145,10 +145,10 @@ def test_allow_pickle_opts_in_to_pickled_values(dsn: str) -> None:
 
 def test_a_strict_serializer_runs_no_code_from_a_crafted_blob(
         checkpointed_world: str, make_role: MakeRole, tmp_path: Path) -> None:
-    """The way out of finding 1 works with this saver: a strict JsonPlusSerializer (no
+    """The strict serializer works with this saver: a strict JsonPlusSerializer (no
     module outside LangGraph's safe list) returns the raw payload instead of calling it.
 
-    Finding 0006-F1: a worker's crafted
+    A worker's crafted
     blob runs code in every process that loads the checkpoint; fixed: strict serializer by
     default, pickle tags refused unless allow_pickle=True."""
     marker = tmp_path / "pwned"
@@ -164,8 +164,8 @@ def test_a_strict_serializer_runs_no_code_from_a_crafted_blob(
 
 
 # =============================================================================================
-# Finding 0006-F2 (medium, fixed: the savers override with_allowlist): LangGraph's own hardening
-# was lost. With LANGGRAPH_STRICT_MSGPACK=true,
+# The savers override with_allowlist. Without it, LangGraph's own hardening would be lost.
+# With LANGGRAPH_STRICT_MSGPACK=true,
 # compile() derives an allowlist from the graph's state types and installs it with
 # checkpointer.with_allowlist(), a shallow copy with a new .serde; the saver's Codec keeps
 # the serializer it was built with, so the graph's own state types come back as raw data.
@@ -203,7 +203,7 @@ STRICT_SCRIPT = textwrap.dedent("""
 
 
 def test_langgraphs_strict_msgpack_allowlist_reaches_the_saver(dsn: str) -> None:
-    """Finding 0006-F2: LangGraph's own hardening (the strict msgpack allowlist) was lost; fixed:
+    """LangGraph's own hardening (the strict msgpack allowlist) was lost; fixed:
     the savers override with_allowlist."""
     env = {**os.environ, "LANGGRAPH_STRICT_MSGPACK": "true",
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}

@@ -37,11 +37,10 @@ PUT_WRITES = ("SELECT replaysafe.langgraph_put_writes(p_tenant_id => %(tenant)s,
 
 
 # =============================================================================================
-# Finding 0009-F1 (low; fixed before release): the first version of 0009 looped over
-# ``p_channels || p_versions``, and array_cat refuses multi-dimensional arrays of equal
+# Each channel array is looped over on its own: a loop over ``p_channels || p_versions``
+# would fail, as array_cat refuses multi-dimensional arrays of equal
 # cardinality but other shapes with a raw 2202E ("cannot concatenate incompatible arrays").
-# 0008 checked the elements through unnest (which flattens any shape) and stored such a put.
-# Now each array is looped over on its own: 0008's answer, never a raw error.
+# Checked element by element, such a put gets an answer, never a raw error.
 # =============================================================================================
 
 SHAPES = {
@@ -55,7 +54,7 @@ SHAPES = {
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_multi_dimensional_channel_arrays_get_an_answer_not_a_raw_error(
         fast_path_world: str, fast_path_worker: str, installed_revision: str, shape: str, path: str) -> None:
-    """Finding 0009-F1: multi-dimensional channel arrays of other shapes ended in a raw 2202E;
+    """Multi-dimensional channel arrays of other shapes ended in a raw 2202E;
     fixed before release."""
     channels, versions = SHAPES[shape]
     n = 4 if "4" in shape else 2
@@ -72,14 +71,14 @@ def test_multi_dimensional_channel_arrays_get_an_answer_not_a_raw_error(
 
 
 # =============================================================================================
-# Finding 0009-F2 (low; in 0006-0008, fixed in 0009): delete_for_runs re-pointed a namespace's head
-# only where it got the lock at once (FOR NO KEY UPDATE SKIP LOCKED). With a put_writes in
+# delete_for_runs locks the runs' namespaces first and waits for them. Re-pointing a namespace's
+# head only where it got the lock at once (FOR NO KEY UPDATE SKIP LOCKED) would fail: with a
+# put_writes in
 # flight holding the namespace (FOR SHARE) while the head's run was deleted:
 #   - the head stayed on the deleted checkpoint d1 (get_tuple said d0, the greatest id left);
 #   - the in-flight pending write of d1 survived: a pending write of a checkpoint not stored;
 #   - a run-loop put whose parent was d1 (the deleted run going on) matched ``head = parent``
 #     and was stored, although readers were given d0 as the head.
-# Now delete_for_runs locks the runs' namespaces first and waits for them.
 # =============================================================================================
 
 def stale_head_after_delete_for_runs(dsn: str, role: str) -> None:
@@ -117,7 +116,7 @@ def stale_head_after_delete_for_runs(dsn: str, role: str) -> None:
 
 
 def test_a_deleted_heads_run_cannot_continue_from_it(fast_path_world: str, fast_path_worker: str) -> None:
-    """Finding 0009-F2: delete_for_runs left a head on a deleted checkpoint while a put_writes held
+    """Delete_for_runs left a head on a deleted checkpoint while a put_writes held
     the namespace (0006-0008); fixed in 0009."""
     stale_head_after_delete_for_runs(fast_path_world, fast_path_worker)
     with connect_as(fast_path_world, fast_path_worker) as w:
@@ -131,7 +130,7 @@ def test_a_deleted_heads_run_cannot_continue_from_it(fast_path_world: str, fast_
 
 def test_delete_for_runs_leaves_no_pending_write_of_a_deleted_checkpoint(fast_path_world: str,
                                                                        fast_path_worker: str) -> None:
-    """Finding 0009-F2: delete_for_runs left a head on a deleted checkpoint while a put_writes held
+    """Delete_for_runs left a head on a deleted checkpoint while a put_writes held
     the namespace (0006-0008); fixed in 0009."""
     stale_head_after_delete_for_runs(fast_path_world, fast_path_worker)
     s = state(fast_path_world, thread="dr")
@@ -141,7 +140,7 @@ def test_delete_for_runs_leaves_no_pending_write_of_a_deleted_checkpoint(fast_pa
 
 
 def test_a_stale_parent_is_refused_and_writes_nothing(fast_path_world: str, fast_path_worker: str) -> None:
-    """An attack on the fast path that failed (attempt 0009-A), kept as a regression test."""
+    """A stale parent is refused and writes nothing."""
     with connect_as(fast_path_world, fast_path_worker) as w:
         # The refused checkpoint's pending writes, sent before its put (durability="async").
         assert w.execute(PUT_WRITES, {"tenant": "A", "thread": "t", "id": "c2"}).fetchone() == (1,)
@@ -168,7 +167,7 @@ def test_a_stored_checkpoint_saved_from_the_head_leaves_the_head(fast_path_world
     stored with other content (another parent): a stored checkpoint is never changed in
     place, so the put is refused (RS001) and nothing of it stays, the head's move neither.
 
-    An attack on the fast path that failed (attempt 0009-A), kept as a regression
+    An attack on the fast path that failed , kept as a regression
     test."""
     before = state(fast_path_world)
     with connect_as(fast_path_world, fast_path_worker) as w:
@@ -201,7 +200,7 @@ BAD_ARRAYS = {
 @pytest.mark.parametrize("case", list(BAD_ARRAYS))
 def test_the_channel_bounds_hold_on_every_path(fast_path_world: str, fast_path_worker: str, case: str,
                                                path: str) -> None:
-    """An attack on the fast path that failed (attempt 0009-A), kept as a regression test."""
+    """The channel bounds hold on every path."""
     id_, parent, thread = {"first put": ("x1", None, "fresh"),
                            "parent is the head": ("x1", "p1", "t"),
                            "stored id": ("p0", "p1", "t")}[path]
@@ -261,7 +260,7 @@ def test_racing_run_loop_puts_store_one_child_of_the_head(fast_path_world: str, 
     """One session holds a put on the namespace (in an open transaction); eight others put
     run-loop children of the same head meanwhile. At most one child of p1 is stored.
 
-    An attack on the fast path that failed (attempt 0009-A), kept as a regression
+    An attack on the fast path that failed , kept as a regression
     test."""
     from psycopg import conninfo
 
@@ -311,7 +310,7 @@ def test_racing_run_loop_puts_store_one_child_of_the_head(fast_path_world: str, 
 def test_a_racer_on_an_old_snapshot_cannot_fork(fast_path_world: str, fast_path_worker: str) -> None:
     """REPEATABLE READ: the racer's snapshot sees p1 as the head (before the holder's commit).
 
-    An attack on the fast path that failed (attempt 0009-A), kept as a regression
+    An attack on the fast path that failed , kept as a regression
     test."""
     from psycopg import conninfo
 
@@ -340,10 +339,10 @@ def test_a_racer_on_an_old_snapshot_cannot_fork(fast_path_world: str, fast_path_
 
 def test_a_namespace_deleted_under_a_waiting_fast_path_refuses_it(fast_path_world: str,
                                                                   fast_path_worker: str) -> None:
-    """delete_thread holds the namespace row while a fast-path put waits on it: once the
+    """Delete_thread holds the namespace row while a fast-path put waits on it: once the
     row is gone, the put creates a fresh namespace and is refused (no parent there).
 
-    An attack on the fast path that failed (attempt 0009-A), kept as a regression
+    An attack on the fast path that failed , kept as a regression
     test."""
     from psycopg import conninfo
 
@@ -365,11 +364,11 @@ def test_a_namespace_deleted_under_a_waiting_fast_path_refuses_it(fast_path_worl
 
 
 def test_upgrading_repairs_a_head_left_on_a_deleted_checkpoint(dsn: str) -> None:
-    """0006-0008's delete_for_runs could leave a head on a deleted checkpoint (FINDING 2);
+    """0006-0008's delete_for_runs could leave a head on a deleted checkpoint ;
     0009's upgrade points such heads at the namespace's real head, so a run-loop put from
     the deleted checkpoint is refused again.
 
-    Finding 0009-F2: delete_for_runs left a head on a
+    delete_for_runs left a head on a
     deleted checkpoint while a put_writes held the namespace (0006-0008); fixed in 0009."""
     replaysafe_pg.downgrade(dsn, "0008")
     with psycopg.connect(dsn, autocommit=True) as owner:

@@ -27,7 +27,7 @@ MakeRole = Callable[..., str]
 
 
 # =============================================================================================
-# Finding 0006-F3 (medium; fixed: the head is kept on the namespace row).
+# The head is kept on the namespace row. Without it:
 # The CAS rule let a run's update go silently, without any concurrent run,
 # when the run's clock lags the host that wrote the thread's head: "newest" is the greatest id,
 # and an id made on a lagging clock sorts below its own parent. The checkpoint is stored
@@ -55,7 +55,7 @@ def run_config(thread_id: str, runner: str) -> dict[str, Any]:
 
 def test_a_run_on_a_lagging_clock_is_never_silently_lost(
         dsn: str, lagging_clock: Callable[[float], None]) -> None:
-    """Finding 0006-F3: a run on a lagging clock was silently lost; fixed: the head is kept on the
+    """A run on a lagging clock was silently lost; fixed: the head is kept on the
     namespace row."""
     with ReplaysafeSaver(dsn, tenant_id="A") as saver:
         graph = chain_graph(saver, [])
@@ -73,7 +73,7 @@ def test_a_run_on_a_lagging_clock_is_never_silently_lost(
 
 def test_a_lagging_clock_alone_raises_no_stale_checkpoint(
         dsn: str, lagging_clock: Callable[[float], None]) -> None:
-    """Finding 0006-F3: a run on a lagging clock was silently lost; fixed: the head is kept on the
+    """A run on a lagging clock was silently lost; fixed: the head is kept on the
     namespace row."""
     with ReplaysafeSaver(dsn, tenant_id="A") as saver:
         graph = chain_graph(saver, [])
@@ -86,8 +86,8 @@ def test_a_lagging_clock_alone_raises_no_stale_checkpoint(
 
 
 # =============================================================================================
-# Finding 0006-F4 (medium, fixed: a parentless run-loop checkpoint whose versions_seen records a
-# run's work is refused in a namespace that has checkpoints).
+# A parentless run-loop checkpoint whose versions_seen records a run's work is refused in a
+# namespace that has checkpoints. Without it:
 # Two runs with durability="exit" on a fresh thread forked it silently. Their
 # only checkpoint is the final one, of source "loop", with no parent and a step >= 0: the
 # lenient root rule accepts it into a thread that already has checkpoints. docs/langgraph.md
@@ -107,7 +107,7 @@ class GatedSaver(ReplaysafeSaver):
 
 
 def test_two_exit_durability_runs_on_a_fresh_thread_do_not_fork_silently(dsn: str) -> None:
-    """Finding 0006-F4: two exit-durability runs forked a fresh thread silently; fixed: a
+    """Two exit-durability runs forked a fresh thread silently; fixed: a
     parentless run-loop checkpoint is refused in a namespace that has checkpoints."""
     with GatedSaver(dsn, tenant_id="A") as saver:
         graph = chain_graph(saver, [])
@@ -139,7 +139,7 @@ def test_two_parentless_run_checkpoints_racing_into_a_fresh_namespace_do_not_bot
     """The second put waits on the namespace row the first one is creating; once it has the
     lock it must see the first one's head (not the empty namespace it saw before waiting).
 
-    Finding 0006-F4: two exit-durability
+    two exit-durability
     runs forked a fresh thread silently; fixed: a parentless run-loop checkpoint is refused in
     a namespace that has checkpoints."""
     def params() -> dict[str, Any]:
@@ -171,7 +171,7 @@ def test_run_loop_checkpoints_cannot_fork_a_thread_by_their_parent(checkpointed_
     """Tried by hand on the CAS rule: a stale parent, a missing parent on a run's first
     checkpoint, the same id again with another parent, NULL and unknown namespaces.
 
-    An attack on the LangGraph checkpointer that failed (attempt 0006-A), kept as
+    An attack on the LangGraph checkpointer that failed , kept as
     a regression test."""
     with connect_as(checkpointed_world, login(checkpointed_world, make_role, "A")) as w:
         head = w.execute("SELECT checkpoint_id FROM replaysafe.langgraph_get_tuple("
@@ -198,7 +198,7 @@ def test_run_loop_checkpoints_cannot_fork_a_thread_by_their_parent(checkpointed_
 
 
 # =============================================================================================
-# Finding 0006-F7 (low; fixed: namespaces locked FOR UPDATE first).
+# delete_thread and prune lock the namespaces FOR UPDATE first. Without it:
 # Delete_thread (and prune "delete") is not atomic against a put in flight: it
 # takes no namespace lock first, so a checkpoint committed by a concurrent put (its rows not
 # yet visible to the DELETEs) survives a delete_thread that returned. A "deleted" thread then
@@ -207,7 +207,7 @@ def test_run_loop_checkpoints_cannot_fork_a_thread_by_their_parent(checkpointed_
 
 @pytest.mark.parametrize("how", ["delete_thread", "prune_delete"])
 def test_delete_thread_leaves_nothing_of_a_put_in_flight(checkpointed_world: str, how: str) -> None:
-    """Finding 0006-F7: delete_thread was not atomic against a put in flight; fixed: namespaces
+    """Delete_thread was not atomic against a put in flight; fixed: namespaces
     locked FOR UPDATE first."""
     head = empty_checkpoint()
     body = json.dumps({k: v for k, v in head.items() if k != "channel_values"})
@@ -233,16 +233,14 @@ def test_delete_thread_leaves_nothing_of_a_put_in_flight(checkpointed_world: str
 
 
 # =============================================================================================
-# Finding 0006-F8 (low; fixed: values collected only under the namespace lock — taken when free
-# at first, waited for since revision 0009). Delete_for_runs collected values without the
-# namespace lock. A put in flight
+# delete_for_runs collects values only under the namespace lock. Without it: A put in flight
 # whose checkpoint keeps a channel at a version stored by an earlier checkpoint (LangGraph
 # sends only new versions) is not yet visible to the collection, which deletes that value:
 # once the put commits, its checkpoint has lost the channel (get_tuple silently omits it).
 # =============================================================================================
 
 def test_delete_for_runs_never_drops_a_value_a_put_in_flight_uses(checkpointed_world: str) -> None:
-    """Finding 0006-F8: delete_for_runs collected values without the namespace lock; fixed: values
+    """Delete_for_runs collected values without the namespace lock; fixed: values
     collected only under it."""
     config = {"configurable": {"thread_id": "runs", "checkpoint_ns": ""}}
     with ReplaysafeSaver(checkpointed_world, tenant_id="A") as saver:

@@ -18,7 +18,7 @@ MakeRole = Callable[..., str]
 
 
 # =============================================================================================
-# Finding 0006-F5 (low; fixed: RS005).
+# A channel_versions that is not a JSON object is RS005. What it would do otherwise:
 # A worker poisoned reads of its whole tenant. langgraph_put accepts any JSON
 # object as p_checkpoint; a "channel_versions" that is not an object makes jsonb_each_text
 # raise 22023 in every get_tuple of that thread, in every langgraph_list of the tenant without
@@ -29,7 +29,7 @@ MakeRole = Callable[..., str]
 @pytest.mark.parametrize("versions", ["[]", '"x"', "1", "null"])
 def test_a_checkpoint_whose_channel_versions_is_not_an_object_is_refused(
         checkpointed_world: str, make_role: MakeRole, versions: str) -> None:
-    """Finding 0006-F5: a channel_versions that is not an object poisoned reads of the whole
+    """A channel_versions that is not an object poisoned reads of the whole
     tenant; fixed: RS005."""
     attacker = login(checkpointed_world, make_role, "A")
     with connect_as(checkpointed_world, attacker) as worker:
@@ -43,7 +43,7 @@ def test_a_checkpoint_whose_channel_versions_is_not_an_object_is_refused(
 
 
 # =============================================================================================
-# Finding 0006-F6 (low; fixed: NULL elements refused, channel/version/namespace bounded).
+# NULL elements are refused and channels, versions and namespaces bounded. Otherwise:
 # Inputs the functions do not check end in raw errors (a NOT NULL violation,
 # an index row too large: 23502 / 54000) instead of RS005; docs/isolation.md made ids bounded
 # in bytes for this very reason.
@@ -65,7 +65,7 @@ BAD_PUTS = {
 
 @pytest.mark.parametrize("case", list(BAD_PUTS))
 def test_bad_put_arguments_are_rs005(checkpointed_world: str, make_role: MakeRole, case: str) -> None:
-    """Finding 0006-F6: unchecked inputs ended in raw errors (23502, 54000); fixed: NULL elements
+    """Unchecked inputs ended in raw errors (23502, 54000); fixed: NULL elements
     refused, channel/version/namespace bounded."""
     with connect_as(checkpointed_world, login(checkpointed_world, make_role, "A")) as worker:
         assert sqlstate(worker, PUT, put_params(thread="bad", **BAD_PUTS[case])) == "RS005"
@@ -83,7 +83,7 @@ BAD_WRITES = {
 @pytest.mark.parametrize("case", list(BAD_WRITES))
 def test_bad_put_writes_arguments_are_rs005(checkpointed_world: str, make_role: MakeRole,
                                                     case: str) -> None:
-    """Finding 0006-F6: unchecked inputs ended in raw errors (23502, 54000); fixed: NULL elements
+    """Unchecked inputs ended in raw errors (23502, 54000); fixed: NULL elements
     refused, channel/version/namespace bounded."""
     params = {"tenant": "A", "thread": "bad", "ns": "", "id": "c1", "task": "x", "path": "",
               "idx": [0], "channels": ["c"], "types": ["null"], "blobs": [b""], "replace": False}

@@ -64,7 +64,7 @@ def b_calls() -> list[tuple[str, dict[str, Any] | None]]:
                                  "auditor_a", "auditor_unbound", "worker_unbound"])
 def test_no_role_reaches_another_tenants_checkpoints(checkpointed_world: str, make_role: MakeRole,
                                                      who: str) -> None:
-    """An attack on the LangGraph checkpointer that failed (attempt 0006-A), kept as a regression
+    """An attack on the LangGraph checkpointer that failed , kept as a regression
     test."""
     group = {"operator_a": "replaysafe_operator", "auditor_a": "replaysafe_auditor",
              "auditor_unbound": "replaysafe_auditor"}.get(who, "replaysafe_worker")
@@ -82,7 +82,7 @@ def test_tenant_a_cannot_name_tenant_bs_rows_from_its_own_tenant(
         checkpointed_world: str, make_role: MakeRole) -> None:
     """B's checkpoint ids and thread names, used under tenant A, reach only A's rows.
 
-    An attack on the LangGraph checkpointer that failed (attempt 0006-A), kept as
+    An attack on the LangGraph checkpointer that failed , kept as
     a regression test."""
     with psycopg.connect(checkpointed_world) as owner:
         b_head = owner.execute("SELECT checkpoint_id FROM replaysafe.langgraph_checkpoints "
@@ -107,7 +107,7 @@ def test_tenant_a_cannot_name_tenant_bs_rows_from_its_own_tenant(
 
 
 def test_langgraph_functions_build_no_sql_and_pin_their_search_path(dsn: str) -> None:
-    """An attack on the LangGraph checkpointer that failed (attempt 0006-A), kept as a regression
+    """An attack on the LangGraph checkpointer that failed , kept as a regression
     test."""
     with psycopg.connect(dsn) as c:
         rows = c.execute("SELECT proname, prosrc, prosecdef, proconfig FROM pg_proc "
@@ -123,7 +123,7 @@ def test_langgraph_functions_build_no_sql_and_pin_their_search_path(dsn: str) ->
 
 def test_only_the_worker_group_may_call_the_langgraph_functions_and_nobody_reads_the_tables(
         dsn: str) -> None:
-    """An attack on the LangGraph checkpointer that failed (attempt 0006-A), kept as a regression
+    """An attack on the LangGraph checkpointer that failed , kept as a regression
     test."""
     with psycopg.connect(dsn) as c:
         grants = c.execute("""
@@ -146,7 +146,7 @@ def test_only_the_worker_group_may_call_the_langgraph_functions_and_nobody_reads
 
 def test_default_privileges_open_no_langgraph_function_or_table(
         empty_dsn: str, make_role: MakeRole) -> None:
-    """An attack on the LangGraph checkpointer that failed (attempt 0006-A), kept as a regression
+    """An attack on the LangGraph checkpointer that failed , kept as a regression
     test."""
     app = make_role()
     grants = ("EXECUTE ON FUNCTIONS", "ALL ON TABLES", "USAGE ON TYPES")
@@ -227,7 +227,7 @@ def qualified(query: str) -> str:
 
 def test_hostile_overloads_never_run_inside_the_langgraph_functions(
         checkpointed_world: str, make_role: MakeRole, hostile_search_path: Any) -> None:
-    """An attack on the LangGraph checkpointer that failed (attempt 0006-A), kept as a regression
+    """An attack on the LangGraph checkpointer that failed , kept as a regression
     test."""
     with psycopg.connect(checkpointed_world, autocommit=True) as owner:
         names = hostile_search_path.called_names(owner)
@@ -267,7 +267,7 @@ def test_hostile_overloads_never_run_inside_the_langgraph_functions(
 
 
 def test_doctor_notices_langgraph_privileges_and_rls_given_by_hand(dsn: str) -> None:
-    """An attack on the LangGraph checkpointer that failed (attempt 0006-A), kept as a regression
+    """An attack on the LangGraph checkpointer that failed , kept as a regression
     test."""
     from helpers.cli import run
 
@@ -311,7 +311,7 @@ INSERT INTO public.bait VALUES (1), (0);
 
 def test_a_workers_index_expression_in_tenant_bs_analyze_reaches_no_checkpoint(
         checkpointed_world: str, make_role: MakeRole) -> None:
-    """An attack on the LangGraph checkpointer that failed (attempt 0006-A), kept as a regression
+    """An attack on the LangGraph checkpointer that failed , kept as a regression
     test."""
     attacker = login(checkpointed_world, make_role, "A")
     victim = login(checkpointed_world, make_role, "B")
@@ -341,7 +341,7 @@ def test_the_fast_path_never_moves_another_tenants_head(fast_path_world: str, fa
     """Tenant B's head is b1: a put naming it as parent would take the fast path (the
     UPDATE that moves the head) were the tenant check not before it.
 
-    An attack on the fast path that failed (attempt 0009-A), kept as a regression
+    An attack on the fast path that failed , kept as a regression
     test."""
     before = state(fast_path_world, tenant="B")
     with connect_as(fast_path_world, fast_path_worker) as w:
@@ -363,7 +363,7 @@ def test_tenant_bs_head_named_as_parent_from_tenant_a_moves_nothing_of_b(fast_pa
     """Tenant A's own thread "t" (same name as B's) with B's head b1 as the parent: only
     A's namespace row may be the fast path's UPDATE target (and its head is p1, not b1).
 
-    An attack on the fast path that failed (attempt 0009-A), kept as a regression
+    An attack on the fast path that failed , kept as a regression
     test."""
     before = state(fast_path_world, tenant="B")
     with connect_as(fast_path_world, fast_path_worker) as w:

@@ -55,7 +55,7 @@ def test_claim_actions_refuses_tokens_that_do_not_line_up(worker_a: Conn,
     of key 2 (or NULL). Nothing is gained by an attacker, but the claim is recorded under a
     token its caller never gave that key: RS005 is the answer the SPEC asks for.
 
-    Finding 0004/0005-F3: claim_actions
+    claim_actions
     lines tokens up by subscript, not by position."""
     state = sqlstate(worker_a, CLAIM_MANY, (tokens,))
     kept = worker_a.execute(b"SELECT count(*) FROM replaysafe.actions_v "
@@ -68,10 +68,7 @@ def test_no_role_can_read_a_claim_token(claimed_world: str, make_role: MakeRole)
     the attempt token's) and replaysafe.action_attempts (the attempt token's), and
     installation.token_secret derives attempt tokens; the views list their columns, so none
     shows any of them, and no group role holds a privilege on those columns or on
-    _visible_actions.
-
-    An attack that failed (attempt 0004/0005-A), kept as a
-    regression test."""
+    _visible_actions."""
     hashes = owner_rows(claimed_world, """
         SELECT c.relname::text, a.attname::text FROM pg_class c
         JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
@@ -101,7 +98,7 @@ def test_no_role_can_read_a_claim_token(claimed_world: str, make_role: MakeRole)
 
 def test_a_token_matches_only_its_own_live_attempt(claimed_world: str, worker_a: Conn,
                                                    make_role: MakeRole) -> None:
-    """An attack that failed (attempt 0004/0005-A), kept as a regression test."""
+    """A token matches only its own live attempt."""
     peer = make_role("replaysafe_worker")  # another worker of tenant A
     bind(claimed_world, peer, "A")
     with connect_as(claimed_world, peer) as c:
@@ -126,10 +123,7 @@ def test_a_token_matches_only_its_own_live_attempt(claimed_world: str, worker_a:
 def test_a_token_is_not_in_a_peers_pg_stat_activity(claimed_world: str, make_role: MakeRole) -> None:
     """Workers of a tenant often share one login (docs/isolation.md's how-to), and
     pg_stat_activity shows a session's query to its own role. The driver sends the token as a
-    bound parameter: a peer sees `$10`, never the token.
-
-    An attack that failed (attempt 0004/0005-A), kept as a
-    regression test."""
+    bound parameter: a peer sees `$10`, never the token."""
     login = make_role("replaysafe_worker")
     bind(claimed_world, login, "A")
     token = "tok-" + uuid.uuid4().hex
@@ -172,7 +166,7 @@ def test_a_token_is_not_answered_after_its_lease_expired(worker_a: Conn) -> None
     answered "claimed" again, with a lease_expires_at in the past. (heartbeat_action revives
     such a lease by design; a claim's answer should not.)
 
-    Finding 0004/0005-R: the back-dated claim token."""
+    the back-dated claim token."""
     ago = "SELECT clock_timestamp() - interval '%s seconds'"
     start = worker_a.execute((ago % 240).encode()).fetchone()
     replay_at = worker_a.execute((ago % 290).encode()).fetchone()

@@ -51,9 +51,7 @@ def sro_bait() -> str:
 def test_a_workers_index_expression_run_by_a_superuser_acts_as_the_worker(
         seeded_world: str, make_role: MakeRole) -> None:
     """Autovacuum (or a superuser's ANALYZE / REINDEX) runs a table owner's index expression
-    in the superuser's session: the functions must not act with that session's rights.
-
-    Finding 0003-R."""
+    in the superuser's session: the functions must not act with that session's rights."""
     attacker = make_role("replaysafe_worker")
     bind(seeded_world, attacker, "A")
     with psycopg.connect(seeded_world, autocommit=True) as owner:
@@ -81,9 +79,7 @@ def test_a_workers_index_expression_run_by_a_superuser_acts_as_the_worker(
 def test_a_workers_index_expression_run_in_another_tenants_session_acts_for_nobody(
         seeded_world: str, make_role: MakeRole) -> None:
     """Tenant B's operator runs a database-wide ANALYZE; A's index expression runs in B's
-    session (a security-restricted operation): it must not act for B.
-
-    Finding 0004/0005-R."""
+    session (a security-restricted operation): it must not act for B."""
     require_maintain_privilege(seeded_world)
     attacker = make_role("replaysafe_worker")
     victim = make_role("replaysafe_operator")
@@ -128,9 +124,7 @@ def test_code_a_group_role_owns_reads_no_tenant_in_someone_elses_session(
         seeded_world: str, make_role: MakeRole, group: str) -> None:
     """A's login (a member of `group`) builds an index expression as the unbound group role;
     B's bound session (or a superuser's) runs it with ANALYZE: through the views it must see
-    neither B's tenant (the session's) nor every tenant (the group's).
-
-    Finding 0003-R4."""
+    neither B's tenant (the session's) nor every tenant (the group's)."""
     require_maintain_privilege(seeded_world)
     attacker = make_role("replaysafe_worker", "replaysafe_auditor")
     victim = make_role("replaysafe_operator")
@@ -202,10 +196,7 @@ def test_sweep_and_purge_in_another_tenants_maintenance_act_for_nobody(
         claimed_world: str, make_role: MakeRole) -> None:
     """Tenant B's operator runs ANALYZE on a table of A's operator (MAINTAIN granted to all):
     A's index expression runs in B's session. The batched sweep and purge of 0004 read the
-    tenant from _caller_scope: there they act for nobody, and the token claim gets RS004.
-
-    An attack that failed (attempt 0004/0005-A), kept as a
-    regression test."""
+    tenant from _caller_scope: there they act for nobody, and the token claim gets RS004."""
     require_maintain_privilege(claimed_world)
     attacker = make_role("replaysafe_operator", "replaysafe_worker")
     victim = make_role("replaysafe_operator")

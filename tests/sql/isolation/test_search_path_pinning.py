@@ -135,7 +135,7 @@ def exercise_every_function(c: Conn, tenant: str, *, operator: bool) -> int:
 
 def test_hostile_overloads_in_public_and_pg_temp_never_run(
         seeded_world: str, make_role: MakeRole, hostile_search_path: Any) -> None:
-    """Finding 0002-F1: function hijack through search_path."""
+    """Hostile overloads in public and pg temp never run."""
     with psycopg.connect(seeded_world, autocommit=True) as owner:
         names = hostile_search_path.called_names(owner)
         assert {"length", "format", "jsonb_build_object", "pg_notify", "count"} <= names
@@ -175,7 +175,7 @@ def test_hostile_overloads_in_public_and_pg_temp_never_run(
 
 
 def test_every_function_is_definer_or_private_and_pins_its_search_path(dsn: str) -> None:
-    """Finding 0002-F1: function hijack through search_path."""
+    """Every function is definer or private and pins its search path."""
     with psycopg.connect(dsn) as c:
         rows = c.execute("""
             SELECT p.proname, p.prosecdef, p.proconfig
@@ -188,7 +188,7 @@ def test_every_function_is_definer_or_private_and_pins_its_search_path(dsn: str)
 
 def test_the_cli_and_the_driver_never_resolve_through_a_hostile_search_path(
         seeded_world: str, make_role: MakeRole, hostile_search_path: Any) -> None:
-    """Finding 0003-R."""
+    """The cli and the driver never resolve through a hostile search path."""
     from helpers.cli import run
 
     from replaysafe_pg import Ledger, Threads

@@ -58,8 +58,8 @@ CALLS = {
 @pytest.mark.parametrize("call", sorted(CALLS))
 def test_a_collate_clause_on_any_argument_is_refused(
         dsn: str, make_role: Callable[..., str], call: str, collation: str) -> None:
-    """The guard against finding 0004/0005-F1 (the caller's collation reaches inside the definer
-    functions), with the built-in collations."""
+    """The caller's collation never reaches inside the definer functions: with the built-in
+    collations."""
     role = make_role("replaysafe_worker")
     bind(dsn, role, "A")
     sql = CALLS[call].replace("%(t)s", f"'A' COLLATE {collation}")
@@ -80,8 +80,8 @@ def test_a_collate_clause_on_any_argument_is_refused(
 
 
 def test_operator_duties_refuse_a_collate_clause(dsn: str, make_role: Callable[..., str]) -> None:
-    """The guard against finding 0004/0005-F1 (the caller's collation reaches inside the definer
-    functions), with the built-in collations."""
+    """The caller's collation never reaches inside the definer functions: with the built-in
+    collations."""
     role = make_role("replaysafe_operator")
     bind(dsn, role, "A")
     with connect_as(dsn, role) as operator:
@@ -101,8 +101,8 @@ Conn = psycopg.Connection[Any]
 def test_a_collate_clause_on_the_token_is_refused(worker_a: Conn) -> None:
     """A caller's own collation would decide which tokens are equal (as for every argument).
 
-    The guard against finding 0004/0005-F1 (the caller's collation reaches inside the definer
-    functions), with the built-in collations."""
+    The caller's collation never reaches inside the definer functions: with the built-in
+    collations."""
     assert claim(worker_a, "k", TOK1)[0] == "claimed"
     assert sqlstate(worker_a, "SELECT replaysafe.claim_action(p_tenant_id => 'A', "
                     "p_action_key => 'k', p_operation => 'refund', p_request => '{}', "
@@ -200,7 +200,7 @@ def test_a_callers_collation_cannot_widen_the_tenant(icu_dsn: str, icu_roles: tu
     tenant id with it: `_acts_for` ('acme' = 'ACME'), the row lookups and the UPDATEs then
     matched tenant 'ACME' too.
 
-    Finding 0004/0005-F1: the caller's
+    The caller's
     collation reaches inside the definer functions."""
     setup, collation = COLLATIONS[how]
     attacker, victim = icu_roles
