@@ -111,3 +111,21 @@ SELECT i.installation_id::pg_catalog.text AS installation_id, i.database_oid OPE
 -- replaysafe_auditor bound to no tenant and not to all tenants. They read nothing (unless
 -- they present tenant grants).
 SELECT r.rolname::pg_catalog.text AS role FROM pg_catalog.pg_roles r JOIN pg_catalog.pg_roles g ON g.rolname OPERATOR(pg_catalog.=) 'replaysafe_auditor' WHERE r.rolcanlogin AND NOT r.rolsuper AND pg_catalog.pg_has_role(r.oid, g.oid, 'MEMBER') AND NOT pg_catalog.pg_has_role(r.oid, (SELECT n.nspowner FROM pg_catalog.pg_namespace n WHERE n.nspname OPERATOR(pg_catalog.=) 'replaysafe'), 'MEMBER') AND NOT EXISTS (SELECT 1 FROM replaysafe.role_bindings b WHERE b.role_oid OPERATOR(pg_catalog.=) r.oid) AND NOT EXISTS (SELECT 1 FROM replaysafe.all_tenant_roles a WHERE a.role_oid OPERATOR(pg_catalog.=) r.oid) ORDER BY 1
+
+-- name: console_caller --
+-- `console`: who the connected role is and what it may do there, to show (or not) the
+-- operator's forms (the functions rule on every call all the same): what it acts for (under
+-- its grant if any), and whether it owns the schema or is an operator or auditor.
+SELECT a.role_name, a.tenant_id, a.all_tenants, pg_catalog.pg_has_role(n.nspowner, 'MEMBER') AS owner, pg_catalog.pg_has_role('replaysafe_operator', 'USAGE') AS operator, pg_catalog.pg_has_role('replaysafe_auditor', 'USAGE') AS auditor FROM replaysafe.acting_for(p_grant => %(grant)s::pg_catalog.text) AS a CROSS JOIN pg_catalog.pg_namespace n WHERE n.nspname OPERATOR(pg_catalog.=) 'replaysafe'
+
+-- name: console_threads --
+-- `console`: the caller's threads, last written first.
+SELECT tenant_id, thread_id, user_id, version, deleted, created_at, updated_at FROM replaysafe.threads_v WHERE (%(tenant_id)s::pg_catalog.text IS NULL OR tenant_id OPERATOR(pg_catalog.=) %(tenant_id)s::pg_catalog.text) ORDER BY updated_at DESC, tenant_id, thread_id LIMIT %(limit)s::pg_catalog.int4
+
+-- name: console_thread --
+-- `console`: one thread with its current state.
+SELECT tenant_id, thread_id, user_id, version, deleted, state, history_limit, created_at, updated_at FROM replaysafe.threads_v WHERE tenant_id OPERATOR(pg_catalog.=) %(tenant_id)s::pg_catalog.text AND thread_id OPERATOR(pg_catalog.=) %(thread_id)s::pg_catalog.text
+
+-- name: console_langgraph_checkpoints --
+-- `console`: a LangGraph thread's checkpoints, newest first (what the saver's list returns).
+SELECT c.checkpoint_ns, c.checkpoint_id, c.parent_checkpoint_id, c.metadata, pg_catalog.cardinality(c.channels) AS channels, pg_catalog.cardinality(c.write_task_ids) AS pending_writes FROM replaysafe.langgraph_list(p_tenant_id => %(tenant_id)s::pg_catalog.text, p_thread_id => %(thread_id)s::pg_catalog.text, p_limit => %(limit)s::pg_catalog.int4, p_grant => %(grant)s::pg_catalog.text) AS c

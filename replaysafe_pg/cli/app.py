@@ -5,6 +5,7 @@ script)."""
 from __future__ import annotations
 
 from replaysafe_pg.cli.action_commands import actions, audit, purge, reopen, resolve, sweep
+from replaysafe_pg.cli.console_command import console
 from replaysafe_pg.cli.demo_command import demo
 from replaysafe_pg.cli.doctor import doctor
 from replaysafe_pg.cli.grant_commands import grant
@@ -18,5 +19,5 @@ from replaysafe_pg.cli.thread_commands import threads
 __all__ = ["main", "parse_duration"]
 
 for _command in (migrate, doctor, actions, audit, resolve, sweep, purge, reconcile, reopen,
-                 threads, demo, server, grant, metrics):
+                 threads, demo, server, grant, metrics, console):
     main.add_command(_command)
